@@ -1,0 +1,346 @@
+"""All configuration, in one place.
+
+Sources, lowest precedence first:
+
+1. the defaults below;
+2. a YAML file (``--config FILE`` or ``EDGE_VISION_CONFIG=FILE``);
+3. environment variables ``EDGE_VISION_<SECTION>__<KEY>`` (``EDGE_VISION_SERVER__PORT=9000``,
+   nested deeper with more ``__``); values are read as YAML scalars, so ``true``, ``12`` and
+   ``[0, 2]`` have their types;
+4. CLI flags: the named ones (``--port 9000``) and ``--set section.key=value``.
+
+Every key is validated at start; an unknown key or a bad value stops start-up with a
+:class:`~edge_vision.errors.ConfigError` that names the key and the allowed values.
+``edge-vision serve --print-config`` prints the effective result.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError
+
+ENV_PREFIX = "EDGE_VISION_"
+ENV_CONFIG_FILE = "EDGE_VISION_CONFIG"
+
+Mode = Literal["latest", "every"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class ServerConfig(_Section):
+    host: str = Field("0.0.0.0", description="Address to listen on.")
+    port: int = Field(8080, ge=0, le=65535, description="TCP port; 0 picks a free one.")
+    max_message_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="Largest WebSocket message accepted; larger closes the socket with 1009.",
+    )
+    max_pixels: int = Field(
+        40_000_000,
+        ge=1,
+        description="Largest image (width x height) accepted, checked from the header before "
+        "decoding; larger is answered with image_too_large.",
+    )
+    max_connections: int = Field(256, ge=1, description="Open WebSockets above this get 503.")
+    ping_interval_s: float = Field(20.0, gt=0, description="WebSocket ping period (RFC 6455 5.5.2).")
+    idle_timeout_s: float = Field(
+        60.0, gt=0, description="Close a connection after this long without any frame from it."
+    )
+    send_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A reply that cannot be written for this long means the client stopped "
+        "reading: the connection is closed with 1008.",
+    )
+    shutdown_grace_s: float = Field(
+        5.0, ge=0, description="On SIGTERM, time given to frames in flight before sockets close."
+    )
+    admin_token: str | None = Field(
+        None, description="Bearer token required by /api/*; none means the admin API is open."
+    )
+    web_root: Path | None = Field(
+        None, description="Folder served at / (the overlay page); default: the repo's web/."
+    )
+
+
+class DbnetConfig(_Section):
+    """DB post-processing (Liao et al., Real-time Scene Text Detection with DB, 2020)."""
+
+    bin_threshold: float = Field(0.3, gt=0, lt=1, description="Probability map binarisation.")
+    unclip_ratio: float = Field(1.6, gt=0, description="Box expansion: area * ratio / perimeter.")
+    max_candidates: int = Field(1000, ge=1, description="Contours examined per frame.")
+    min_size: float = Field(3.0, ge=0, description="Shortest box side kept, input pixels.")
+
+
+class ModelConfig(_Section):
+    path: Path | None = Field(
+        None, description="ONNX model; none means the embedded PP-OCRv6 text detector."
+    )
+    preset: Literal["auto", "ppocr_det", "yolo"] = Field(
+        "auto",
+        description="Pre-processing preset: ppocr_det (BGR, (x/255-0.5)/0.5), yolo (RGB, x/255).",
+    )
+    head: Literal["auto", "dbnet", "yolo_v5", "yolo_v8", "end_to_end", "efficient_nms"] = Field(
+        "auto", description="Output decoder; auto picks it from the model's output shapes."
+    )
+    labels: list[str] | None = Field(
+        None, description="Class names; default from the model's metadata."
+    )
+    input_size: int = Field(
+        640, ge=32, description="Target long side of the engine input, before stride rounding."
+    )
+    stride: int = Field(32, ge=1, description="Input sides are multiples of this.")
+    min_side: int = Field(32, ge=1, description="Smallest input side the engine accepts.")
+    max_side: int = Field(1280, ge=32, description="Largest input side the engine accepts.")
+    confidence: float = Field(
+        0.5, ge=0, le=1, description="Default score threshold; sessions may change theirs."
+    )
+    nms_iou: float = Field(0.45, gt=0, le=1, description="IoU above which NMS suppresses a box.")
+    max_detections: int = Field(300, ge=1, description="Detections kept per frame.")
+    dbnet: DbnetConfig = Field(default_factory=DbnetConfig)
+
+
+class OnnxRuntimeConfig(_Section):
+    threads: int = Field(0, ge=0, description="Intra-op threads; 0 means one per CPU core.")
+    providers: list[str] = Field(
+        default_factory=lambda: ["CPUExecutionProvider"],
+        description="Execution providers in order of preference.",
+    )
+
+
+class TorchConfig(_Section):
+    device: str = Field("cuda:0", description="Torch device for the converted ONNX graph.")
+    fp16: bool = Field(True, description="Run in half precision.")
+    cuda_graphs: bool = Field(True, description="Capture a CUDA graph per (batch, shape) bucket.")
+    gpu_preprocess: bool = Field(
+        False, description="Letterbox and normalise on the GPU from uploaded uint8 frames."
+    )
+
+
+class TensorRTConfig(_Section):
+    engine_dir: Path = Field(Path("engines"), description="Where plans and their JSON live.")
+    precision: Literal["fp32", "fp16", "int8"] = Field("fp16", description="Build precision.")
+    workspace_mib: int = Field(2048, ge=64, description="Builder workspace limit.")
+    dla_core: int | None = Field(None, ge=0, description="Jetson DLA core, GPU fallback on.")
+    calibration_source: Path | None = Field(
+        None, description="INT8 calibration frames: an image folder or a video."
+    )
+    calibration_frames: int = Field(256, ge=1, description="Frames used for INT8 calibration.")
+    build_if_missing: bool = Field(
+        True, description="serve builds the plan once when none matches the current key."
+    )
+
+
+class TritonConfig(_Section):
+    url: str = Field("localhost:8001", description="Triton gRPC endpoint host:port.")
+    model_name: str = Field("ppocr_det", description="Model name in Triton's repository.")
+    model_version: str = Field("", description="Model version; empty means Triton's policy.")
+    timeout_s: float = Field(5.0, gt=0, description="Per-request deadline.")
+    tls: bool = Field(False, description="Use TLS for gRPC.")
+    root_certificates: Path | None = Field(None, description="CA bundle for TLS.")
+    cuda_shared_memory: bool = Field(False, description="Pass tensors through CUDA shm.")
+    in_flight: int = Field(4, ge=1, description="Requests in flight to Triton at once.")
+
+
+class EngineConfig(_Section):
+    kind: Literal["onnxruntime", "torch", "tensorrt", "triton"] = Field(
+        "onnxruntime", description="Which engine runs the network."
+    )
+    fallback: Literal["onnxruntime", "none"] = Field(
+        "onnxruntime",
+        description="Engine to switch to when the configured one fails (degrade, don't die).",
+    )
+    max_batch: int = Field(
+        4, ge=1, description="Largest batch (the optimisation profile's max batch)."
+    )
+    batch_window_ms: float = Field(
+        2.0, ge=0, description="How long a ready frame waits for others of its shape."
+    )
+    in_flight: int = Field(1, ge=1, description="Batches in flight at once (streams/contexts).")
+    keep_warm_idle_s: float = Field(
+        30.0, ge=0, description="Re-run a warm-up inference after this long idle; 0 disables."
+    )
+    warmup_shapes: list[tuple[int, int]] = Field(
+        default_factory=lambda: [(384, 640), (480, 640), (640, 384), (640, 640)],
+        description="(height, width) input shapes warmed at start before /readyz says ready.",
+    )
+    cuda_backend: Literal["auto", "cuda-python", "pycuda"] = Field(
+        "auto", description="CUDA binding for GPU engines."
+    )
+    onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
+    torch: TorchConfig = Field(default_factory=TorchConfig)
+    tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)
+    triton: TritonConfig = Field(default_factory=TritonConfig)
+
+
+class DecodeConfig(_Section):
+    decoder: Literal["auto", "simplejpeg", "turbojpeg", "opencv", "pillow"] = Field(
+        "auto", description="JPEG decoder; auto takes the fastest installed."
+    )
+    dct_downscale: bool = Field(
+        True, description="Let libjpeg scale by 1/2..1/8 while decoding big frames."
+    )
+    workers: int = Field(
+        0, ge=0, description="Threads for decode, shape and post; 0 means one per CPU core."
+    )
+
+
+class SessionConfig(_Section):
+    default_mode: Mode = Field("latest", description="latest: newest frame wins; every: all.")
+    every_queue: int = Field(
+        8, ge=1, description="Frames waiting per 'every' connection before reads pause."
+    )
+    every_in_flight: int = Field(
+        2, ge=1, description="Frames of one 'every' connection processed at once (in order)."
+    )
+
+
+class StateConfig(_Section):
+    redis_url: str | None = Field(
+        None, description="redis:// or unix:// URL; none keeps state in this process."
+    )
+    node_id: str | None = Field(None, description="This node's id; default host-pid.")
+    advertise_url: str | None = Field(None, description="Address other nodes see for this node.")
+    node_ttl_s: float = Field(15.0, gt=0, description="Node key TTL, refreshed by heartbeat.")
+    session_ttl_s: float = Field(
+        120.0, gt=0, description="How long a disconnected session can be resumed."
+    )
+    heartbeat_s: float = Field(5.0, gt=0, description="Heartbeat and state flush period.")
+    op_timeout_s: float = Field(1.0, gt=0, description="Deadline for one Redis operation.")
+
+
+class LoggingConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+
+class Config(_Section):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    decode: DecodeConfig = Field(default_factory=DecodeConfig)
+    session: SessionConfig = Field(default_factory=SessionConfig)
+    state: StateConfig = Field(default_factory=StateConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+
+# ---------------------------------------------------------------------------------------
+# Loading
+
+
+def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
+    model: type[BaseModel] = Config
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return sorted(model.model_fields)
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            allowed = ", ".join(_allowed_keys(e["loc"]))
+            lines.append(f"unknown config key '{key}'; allowed keys here: {allowed}")
+        else:
+            lines.append(f"config key '{key}': {e['msg']} (got {e.get('input')!r})")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = [p for p in dotted.split(".") if p]
+    if not parts:
+        raise ConfigError(f"empty config key in {dotted!r}")
+    node = tree
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config key '{dotted}': '{p}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _scalar(text: str) -> Any:
+    """A value given as text (env var or --set) read as YAML, so it gets its natural type."""
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``EDGE_VISION_SECTION__KEY=value`` entries as a nested dict."""
+    tree: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
+            continue
+        dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+        _set_path(tree, dotted, _scalar(value))
+    return tree
+
+
+def cli_overrides(assignments: list[str]) -> dict[str, Any]:
+    """``section.key=value`` strings (from ``--set``) as a nested dict."""
+    tree: dict[str, Any] = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects section.key=value, got {item!r}")
+        _set_path(tree, key.strip(), _scalar(value))
+    return tree
+
+
+def load_config(
+    file: Path | str | None = None,
+    environ: Mapping[str, str] | None = None,
+    cli: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the effective configuration: defaults < YAML file < environment < CLI."""
+    environ = os.environ if environ is None else environ
+    file = file or environ.get(ENV_CONFIG_FILE) or None
+    tree: dict[str, Any] = {}
+    if file is not None:
+        path = Path(file)
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        tree = loaded
+    tree = _merge(tree, env_overrides(environ))
+    tree = _merge(tree, dict(cli or {}))
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e)) from None
+
+
+def dump_config(config: Config) -> str:
+    """The effective configuration as YAML (what ``--print-config`` shows)."""
+    data = config.model_dump(mode="json")
+    return yaml.safe_dump(data, sort_keys=False)

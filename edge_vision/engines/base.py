@@ -1,0 +1,90 @@
+"""The engine interface every backend implements, and the lookup by config string.
+
+An engine runs the network only: it receives a batch of letterboxed uint8 BGR frames of
+one shape and returns the raw outputs (batch-first numpy arrays). Normalisation happens
+inside the engine so GPU engines can upload uint8 (4x fewer bytes) and normalise on the
+device; pre- and post-processing otherwise stay outside.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ..config import Config
+from ..decode import Allocator
+from ..errors import EngineError
+from ..models import ModelSpec
+
+U8Array = npt.NDArray[np.uint8]
+
+# kind -> (module, class, what to install when the import fails)
+_REGISTRY: dict[str, tuple[str, str, str]] = {
+    "onnxruntime": ("edge_vision.engines.onnxruntime", "OnnxRuntimeEngine", "onnxruntime"),
+    "torch": ("edge_vision.engines.torch", "TorchEngine", "torch onnx2torch cuda-python"),
+    "tensorrt": ("edge_vision.engines.tensorrt", "TensorRTEngine", "tensorrt cuda-python"),
+    "triton": ("edge_vision.engines.triton", "TritonEngine", "tritonclient[grpc]"),
+}
+
+
+class Engine(ABC):
+    """Runs the network on batches; several batches may be in flight (``max_in_flight``)."""
+
+    kind: ClassVar[str]
+
+    def __init__(self, spec: ModelSpec, config: Config) -> None:
+        self.spec = spec
+        self.config = config
+
+    @property
+    def max_batch(self) -> int:
+        return self.spec.max_batch
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.config.engine.in_flight
+
+    def host_allocator(self) -> Allocator | None:
+        """Allocator for host frame buffers (pinned memory on CUDA engines), or None."""
+        return None
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Load (and if needed build) the engine. Raises EngineError."""
+
+    @abstractmethod
+    async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
+        """Run one batch of same-shape HxWx3 uint8 BGR frames; outputs are batch-first."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release every resource; safe to call twice."""
+
+    def describe(self) -> dict[str, Any]:
+        """What /readyz, hello and logs say about this engine."""
+        return {"kind": self.kind, "max_batch": self.max_batch, "in_flight": self.max_in_flight}
+
+
+def engine_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def create_engine(kind: str, spec: ModelSpec, config: Config) -> Engine:
+    """Instantiate the engine named ``kind``; a missing library is one clear EngineError."""
+    try:
+        module_name, cls_name, needs = _REGISTRY[kind]
+    except KeyError:
+        raise EngineError(f"unknown engine {kind!r}; known: {', '.join(_REGISTRY)}") from None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise EngineError(
+            f"engine {kind!r} cannot load: {e}. It needs: pip install {needs}"
+        ) from e
+    cls: type[Engine] = getattr(module, cls_name)
+    return cls(spec, config)

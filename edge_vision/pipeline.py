@@ -1,0 +1,185 @@
+"""One frame's path from admitted message to detections: decode → shape → infer → post.
+
+:class:`FramePipeline` is shared by the WebSocket server, in-process replay and the
+benchmark. CPU-bound steps run in a worker pool (``decode.workers`` threads; OpenCV,
+libjpeg-turbo and numpy release the GIL), the engine behind the batcher, and the event
+loop only awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+from .config import Config
+from .decode import BufferPool, Decoder, ImageHeader, decode_image, pick_decoder
+from .errors import ClientError
+from .infer import BatchInfo, InferenceService
+from .post import Head, filter_classes, make_head
+from .receive import FrameMessage, decode_base64
+from .shape import Letterbox, letterbox_into, plan_for_frame
+
+log = logging.getLogger(__name__)
+
+F32Array = npt.NDArray[np.float32]
+U8Array = npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True, slots=True)
+class FrameSettings:
+    """What a session asked for: score threshold and class filter."""
+
+    confidence: float
+    classes: frozenset[int] | None = None
+
+
+@dataclass(slots=True)
+class FrameResult:
+    frame: FrameMessage
+    width: int
+    height: int
+    detections: F32Array  # (N, 6): x1, y1, x2, y2, score, class in frame pixels
+    timing: dict[str, float]  # milliseconds per stage, plus batch size
+
+
+@dataclass(slots=True)
+class _Prepared:
+    canvas: U8Array
+    letterbox: Letterbox
+    decode_s: float
+    shape_s: float
+
+
+def worker_count(configured: int) -> int:
+    return configured or max(1, os.cpu_count() or 1)
+
+
+class FramePipeline:
+    def __init__(
+        self,
+        config: Config,
+        service: InferenceService,
+        *,
+        decoder: Decoder | None = None,
+        pool: BufferPool | None = None,
+        executor: ThreadPoolExecutor | None = None,
+    ) -> None:
+        self.config = config
+        self.service = service
+        self.decoder = decoder or pick_decoder(config.decode.decoder)
+        self.pool = pool or BufferPool()
+        self._own_executor = executor is None
+        self.executor = executor or ThreadPoolExecutor(
+            worker_count(config.decode.workers), thread_name_prefix="frame"
+        )
+        self._head: Head | None = None
+
+    @property
+    def head(self) -> Head:
+        if self._head is None or self._head.name != self.service.spec.head:
+            m = self.config.model
+            self._head = make_head(
+                self.service.spec.head or "dbnet",
+                nms_iou=m.nms_iou,
+                max_detections=m.max_detections,
+                bin_threshold=m.dbnet.bin_threshold,
+                unclip_ratio=m.dbnet.unclip_ratio,
+                max_candidates=m.dbnet.max_candidates,
+                min_size=m.dbnet.min_size,
+            )
+        return self._head
+
+    async def close(self) -> None:
+        if self._own_executor:
+            await asyncio.to_thread(self.executor.shutdown, True)
+
+    # -- stages run in the worker pool ------------------------------------------------
+
+    def _min_size_for(self, header: ImageHeader) -> tuple[int, int] | None:
+        if not self.config.decode.dct_downscale:
+            return None
+        lb = plan_for_frame(header.width, header.height, self.service.spec.limits)
+        return lb.new_w, lb.new_h
+
+    def prepare(self, frame: FrameMessage) -> _Prepared:
+        """Decode and letterbox one frame (worker thread)."""
+        t0 = time.perf_counter()
+        data = decode_base64(frame.image) if frame.image_is_base64 else frame.image
+        try:
+            decoded = decode_image(
+                data,
+                decoder=self.decoder,
+                pool=self.pool,
+                max_pixels=self.config.server.max_pixels,
+                min_size_for=self._min_size_for,
+            )
+        except cv2.error as e:
+            raise ClientError("bad_image", f"image could not be decoded: {e.msg}") from None
+        t1 = time.perf_counter()
+        spec = self.service.spec
+        lb = plan_for_frame(decoded.width, decoded.height, spec.limits)
+        canvas = self.pool.acquire((lb.out_h, lb.out_w, 3))
+        try:
+            letterbox_into(decoded.pixels, lb, canvas, spec.pad_value)
+        finally:
+            if decoded.pooled:
+                self.pool.release(decoded.pixels)
+        return _Prepared(canvas, lb, t1 - t0, time.perf_counter() - t1)
+
+    def postprocess(
+        self, outputs: list[np.ndarray], lb: Letterbox, settings: FrameSettings
+    ) -> F32Array:
+        dets = self.head.decode(outputs, lb, settings.confidence)
+        return filter_classes(dets, settings.classes)
+
+    # -- the async path ---------------------------------------------------------------
+
+    async def process(
+        self, frame: FrameMessage, settings: FrameSettings, taken_at: float | None = None
+    ) -> FrameResult:
+        """Serve one admitted frame. Raises ClientError for bad input, EngineError when no
+        engine can serve."""
+        loop = asyncio.get_running_loop()
+        taken_at = time.perf_counter() if taken_at is None else taken_at
+        prep = await loop.run_in_executor(self.executor, self.prepare, frame)
+        try:
+            outputs, batch = await self.service.infer(prep.canvas)
+        finally:
+            self.pool.release(prep.canvas)
+        t_post = time.perf_counter()
+        dets = await loop.run_in_executor(
+            self.executor, self.postprocess, outputs, prep.letterbox, settings
+        )
+        done = time.perf_counter()
+        return FrameResult(
+            frame,
+            prep.letterbox.src_w,
+            prep.letterbox.src_h,
+            dets,
+            _timing(frame, taken_at, prep, batch, t_post, done),
+        )
+
+
+def _timing(
+    frame: FrameMessage, taken_at: float, prep: _Prepared, batch: BatchInfo, t_post: float,
+    done: float,
+) -> dict[str, float]:
+    ms = 1000.0
+    return {
+        "decode_ms": prep.decode_s * ms,
+        "shape_ms": prep.shape_s * ms,
+        "queue_ms": (taken_at - frame.received_at + batch.wait_s) * ms,
+        "batch_wait_ms": batch.wait_s * ms,
+        "infer_ms": batch.infer_s * ms,
+        "post_ms": (done - t_post) * ms,
+        "server_ms": (done - frame.received_at) * ms,
+        "batch_size": float(batch.size),
+    }

@@ -1,0 +1,187 @@
+"""Stage 1, receive: client messages parsed into typed values. Sans-I/O.
+
+Two wire forms carry a frame (docs/protocol.md):
+
+* a text message, JSON: ``{"type":"frame","id":17,"ts":1732950000123.4,"image":"<base64>"}``;
+  the base64 may carry a ``data:image/jpeg;base64,`` prefix;
+* a binary message: a 4-byte big-endian header length ``n``, then ``n`` bytes of the same
+  JSON header without ``image``, then the raw JPEG/PNG bytes (no base64 tax).
+
+Everything here is a pure function of the message; errors are :class:`ClientError` with
+a protocol code. Base64 is *not* decoded here: that happens in the decode stage, off the
+event loop, and only for frames that are actually served (latest-wins drops are free).
+"""
+
+from __future__ import annotations
+
+import binascii
+import math
+import struct
+from base64 import b64decode
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from .errors import ClientError
+
+PROTOCOL_VERSION = 1
+BINARY_HEADER_MAX = 64 * 1024
+_LEN = struct.Struct(">I")
+
+FrameId = int | str
+
+
+@dataclass(frozen=True, slots=True)
+class FrameMessage:
+    """One camera frame as received; ``image`` is still encoded."""
+
+    id: FrameId
+    ts: float | int | None
+    image: bytes
+    image_is_base64: bool
+    received_at: float  # time.perf_counter() when the message arrived
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsMessage:
+    """Per-session settings; fields left ``None`` keep their value."""
+
+    mode: Literal["latest", "every"] | None = None
+    confidence: float | None = None
+    classes: list[int] | None = None
+    clear_classes: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PingMessage:
+    """Application-level ping (browsers cannot send WebSocket pings)."""
+
+    payload: Any = None
+
+
+ClientMessage = FrameMessage | SettingsMessage | PingMessage
+
+
+def _frame_fields(obj: dict[str, Any]) -> tuple[FrameId, float | int | None]:
+    if "id" not in obj:
+        raise ClientError("bad_field", "frame is missing 'id'")
+    fid = obj["id"]
+    if isinstance(fid, bool) or not isinstance(fid, int | str):
+        raise ClientError("bad_field", "'id' must be an integer or a string")
+    if isinstance(fid, str) and len(fid) > 128:
+        raise ClientError("bad_field", "'id' longer than 128 characters")
+    ts = obj.get("ts")
+    if ts is not None and (
+        isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts)
+    ):
+        raise ClientError("bad_field", "'ts' must be a finite number", fid)
+    return fid, ts
+
+
+def strip_data_url(image: str) -> str:
+    """``data:image/jpeg;base64,AAAA`` → ``AAAA``; plain base64 passes through."""
+    if image.startswith("data:"):
+        head, sep, rest = image.partition(",")
+        if not sep or not head.endswith(";base64"):
+            raise ClientError("bad_base64", "data URL must be of the form data:<mime>;base64,...")
+        return rest
+    return image
+
+
+def decode_base64(payload: bytes) -> bytes:
+    """Strict base64 (RFC 4648 section 4); anything else is ``bad_base64``."""
+    try:
+        return b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ClientError("bad_base64", f"'image' is not valid base64: {e}") from None
+
+
+def _settings(obj: dict[str, Any]) -> SettingsMessage:
+    known = {"type", "mode", "confidence", "classes"}
+    extra = sorted(set(obj) - known)
+    if extra:
+        raise ClientError("bad_settings", f"unknown settings {extra}; known: {sorted(known - {'type'})}")
+    mode = obj.get("mode")
+    if mode is not None and mode not in ("latest", "every"):
+        raise ClientError("bad_settings", "'mode' must be 'latest' or 'every'")
+    conf = obj.get("confidence")
+    if conf is not None:
+        if isinstance(conf, bool) or not isinstance(conf, int | float) or not 0 <= conf <= 1:
+            raise ClientError("bad_settings", "'confidence' must be a number in [0, 1]")
+        conf = float(conf)
+    classes = obj.get("classes")
+    clear = "classes" in obj and classes is None
+    if classes is not None:
+        if not isinstance(classes, list) or not all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in classes
+        ):
+            raise ClientError("bad_settings", "'classes' must be a list of class indices or null")
+        if len(classes) > 1000:
+            raise ClientError("bad_settings", "'classes' lists more than 1000 classes")
+    return SettingsMessage(mode=mode, confidence=conf, classes=classes, clear_classes=clear)
+
+
+def _load_object(data: bytes | str, what: str) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise ClientError("bad_json", f"{what} is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ClientError("bad_message", f"{what} must be a JSON object")
+    return obj
+
+
+def parse_text(data: bytes | str, received_at: float) -> ClientMessage:
+    """Parse a text WebSocket message."""
+    obj = _load_object(data, "message")
+    kind = obj.get("type")
+    if kind == "frame":
+        fid, ts = _frame_fields(obj)
+        image = obj.get("image")
+        if not isinstance(image, str) or not image:
+            raise ClientError("bad_field", "frame is missing 'image' (base64 string)", fid)
+        try:
+            payload = strip_data_url(image).encode("ascii")
+        except UnicodeEncodeError:
+            raise ClientError("bad_base64", "'image' holds non-ASCII characters", fid) from None
+        except ClientError as e:
+            raise e.with_frame_id(fid) from None
+        return FrameMessage(fid, ts, payload, True, received_at)
+    if kind == "settings":
+        return _settings(obj)
+    if kind == "ping":
+        return PingMessage(obj.get("payload"))
+    if kind is None:
+        raise ClientError("bad_field", "message is missing 'type'")
+    raise ClientError(
+        "unknown_type", f"unknown message type {kind!r}; known: frame, settings, ping"
+    )
+
+
+def parse_binary(data: bytes, received_at: float) -> FrameMessage:
+    """Parse a binary frame message: u32 big-endian header length, JSON header, image bytes."""
+    if len(data) < _LEN.size:
+        raise ClientError("bad_message", "binary message shorter than its 4-byte header length")
+    (n,) = _LEN.unpack_from(data)
+    if n == 0 or n > BINARY_HEADER_MAX or _LEN.size + n > len(data):
+        raise ClientError(
+            "bad_message",
+            f"binary header length {n} is invalid for a {len(data)}-byte message "
+            f"(1..{BINARY_HEADER_MAX} and inside the message)",
+        )
+    obj = _load_object(data[_LEN.size : _LEN.size + n], "binary header")
+    kind = obj.get("type", "frame")
+    if kind != "frame":
+        raise ClientError("unknown_type", f"binary messages carry frames only, not {kind!r}")
+    fid, ts = _frame_fields(obj)
+    image = data[_LEN.size + n :]
+    if not image:
+        raise ClientError("bad_field", "binary frame carries no image bytes", fid)
+    return FrameMessage(fid, ts, image, False, received_at)
+
+
+def encode_binary_frame(frame_id: FrameId, ts: float | None, image: bytes) -> bytes:
+    """Build a binary frame message (used by our clients: replay, bench, tests)."""
+    header = orjson.dumps({"type": "frame", "id": frame_id, "ts": ts})
+    return _LEN.pack(len(header)) + header + image

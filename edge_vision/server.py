@@ -1,0 +1,346 @@
+"""The aiohttp application: routes, typed app state and lifecycle. A thin shell.
+
+Routes: ``GET /ws`` (the protocol, docs/protocol.md), ``GET /healthz`` (process alive),
+``GET /readyz`` (engine loaded and warmed up; 503 before), ``GET /metrics`` (Prometheus),
+``GET /api/sessions`` and ``GET /api/nodes`` (admin, bearer token when configured),
+``POST /api/engine/retry`` (try the configured engine again after a degrade) and the
+overlay page at ``/``.
+
+Start-up: the HTTP port opens at once (so /healthz answers), the engine loads and warms
+up in the background, and /ws and /readyz turn ready after warm-up. Shutdown (SIGTERM):
+stop accepting, let frames in flight finish for ``server.shutdown_grace_s``, close every
+socket with 1001 and a resume hint, remove this node's keys from the state store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from aiohttp import WSCloseCode, web
+
+from . import reply
+from .config import Config
+from .connection import Connection, ConnectionContext
+from .errors import EdgeVisionError
+from .infer import InferenceService
+from .metrics import Metrics
+from .models import ModelSpec, load_model_spec
+from .pipeline import FramePipeline
+from .receive import PROTOCOL_VERSION
+from .session import Session, new_session
+from .state import StateKeeper, create_store
+
+log = logging.getLogger(__name__)
+
+CONFIG = web.AppKey("config", Config)
+METRICS = web.AppKey("metrics", Metrics)
+SERVICE = web.AppKey("service", InferenceService)
+PIPELINE = web.AppKey("pipeline", FramePipeline)
+KEEPER = web.AppKey("keeper", StateKeeper)
+CONNECTIONS = web.AppKey("connections", dict[str, Connection])
+NODE = web.AppKey("node", dict[str, Any])
+STARTUP = web.AppKey("startup", "asyncio.Task[None]")
+STATE = web.AppKey("state", dict[str, Any])
+CONNECTION_CTX = web.AppKey("connection_ctx", ConnectionContext)
+
+REPO_WEB = Path(__file__).resolve().parent.parent / "web"
+
+
+def _node_id(config: Config) -> str:
+    return config.state.node_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _require_admin(request: web.Request) -> None:
+    token = request.app[CONFIG].server.admin_token
+    if token and request.headers.get("Authorization", "") != f"Bearer {token}":
+        raise web.HTTPUnauthorized(text="admin token required (Authorization: Bearer ...)\n")
+
+
+def _engine_json(service: InferenceService) -> dict[str, Any]:
+    st = service.status
+    return {
+        "configured": st.configured,
+        "active": st.active,
+        "ready": st.ready,
+        "degraded": st.degraded,
+        "reason": st.reason,
+        "warmup_s": st.warmup_s,
+        "head": service.spec.head,
+        **st.details,
+    }
+
+
+# -- handlers ---------------------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    app = request.app
+    service, keeper = app[SERVICE], app[KEEPER]
+    startup = app[STATE].get("startup_error")
+    body = {
+        "ready": service.status.ready and not app[STATE].get("stopping", False),
+        "engine": _engine_json(service),
+        "state": {"store": keeper.store.kind, "degraded": keeper.degraded,
+                  "error": keeper.last_error},
+        "connections": len(app[CONNECTIONS]),
+        "node": app[NODE]["id"],
+    }
+    if startup:
+        body["error"] = startup
+    return web.json_response(body, status=200 if body["ready"] else 503)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    app = request.app
+    m = app[METRICS]
+    m.connections.set(len(app[CONNECTIONS]))
+    m.set_engine(app[SERVICE].status.active, app[SERVICE].status.degraded)
+    return web.Response(body=m.render(), headers={"Content-Type": m.content_type})
+
+
+async def api_sessions(request: web.Request) -> web.Response:
+    _require_admin(request)
+    sessions, complete = await request.app[KEEPER].list_sessions()
+    return web.json_response({"sessions": sessions, "complete": complete})
+
+
+async def api_nodes(request: web.Request) -> web.Response:
+    _require_admin(request)
+    nodes, complete = await request.app[KEEPER].list_nodes()
+    return web.json_response({"nodes": nodes, "complete": complete})
+
+
+async def api_engine_retry(request: web.Request) -> web.Response:
+    _require_admin(request)
+    service = request.app[SERVICE]
+    ok = await service.retry_primary()
+    return web.json_response({"ok": ok, "engine": _engine_json(service)}, status=200 if ok else 503)
+
+
+async def index(request: web.Request) -> web.StreamResponse:
+    return web.FileResponse(request.app[STATE]["web_root"] / "index.html")  # 404 if absent
+
+
+async def ws_handler(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    cfg, service, keeper = app[CONFIG], app[SERVICE], app[KEEPER]
+    if app[STATE].get("stopping"):
+        raise web.HTTPServiceUnavailable(text="server is shutting down\n")
+    if not service.status.ready:
+        raise web.HTTPServiceUnavailable(text="engine is warming up; retry shortly\n",
+                                         headers={"Retry-After": "1"})
+    if len(app[CONNECTIONS]) >= cfg.server.max_connections:
+        raise web.HTTPServiceUnavailable(text="connection limit reached\n")
+
+    mode_q = request.query.get("mode")
+    if mode_q not in (None, "latest", "every"):
+        raise web.HTTPBadRequest(text="mode must be 'latest' or 'every'\n")
+    session: Session | None = None
+    resumed = False
+    token = request.query.get("resume")
+    if token:
+        session = await keeper.find_resumable(token)
+        resumed = session is not None
+        if session is not None and session.id in app[CONNECTIONS]:
+            old = app[CONNECTIONS].pop(session.id)
+            await old.close(WSCloseCode.POLICY_VIOLATION, "session resumed elsewhere", "superseded")
+    if session is None:
+        session = new_session(
+            app[NODE]["id"], cfg.session.default_mode, cfg.model.confidence,
+            request.remote or "", request.headers.get("User-Agent", ""),
+        )
+    else:
+        session.client = request.remote or session.client
+    if mode_q in ("latest", "every"):
+        session.mode = mode_q  # type: ignore[assignment]
+
+    ws = web.WebSocketResponse(
+        max_msg_size=cfg.server.max_message_bytes,
+        compress=False,  # JPEG does not deflate; results are small
+        autoping=True,
+        timeout=2.0,
+        decode_text=False,
+    )
+    await ws.prepare(request)
+    keeper.open_session(session)
+    conn = Connection(ws, session, app[CONNECTION_CTX])
+    app[CONNECTIONS][session.id] = conn
+    spec = service.spec
+    try:
+        await conn.send(reply.hello(
+            session_id=session.id,
+            resume_token=session.resume_token,
+            resumed=resumed,
+            model=spec.name,
+            labels=list(spec.labels),
+            engine=_engine_json(service),
+            mode=session.mode,
+            settings=session.settings_dict(),
+            limits={
+                "max_message_bytes": cfg.server.max_message_bytes,
+                "max_pixels": cfg.server.max_pixels,
+                "input_size": spec.limits.target,
+                "stride": spec.limits.stride,
+                "max_side": spec.limits.max_side,
+                "max_batch": service.engine.max_batch if service.engine else 1,
+                "formats": ["jpeg", "png"],
+                "binary_frames": True,
+            },
+            counters=session.counters(),
+            node_id=app[NODE]["id"],
+        ))
+        await conn.serve()
+    except Exception as e:  # noqa: BLE001 - one connection's failure must not leak
+        if not isinstance(e, ConnectionError | asyncio.CancelledError):
+            log.exception("connection %s failed", session.id)
+    finally:
+        if app[CONNECTIONS].get(session.id) is conn:
+            del app[CONNECTIONS][session.id]
+        if conn.closed_by_server != "superseded":
+            ended = conn.client_close_code == WSCloseCode.OK and conn.closed_by_server is None
+            keeper.close_session(session, ended=ended)
+        if not ws.closed:
+            await ws.close()
+    return ws
+
+
+# -- lifecycle --------------------------------------------------------------------------
+
+
+async def _start_engine(app: web.Application) -> None:
+    try:
+        await app[SERVICE].start()
+    except EdgeVisionError as e:
+        app[STATE]["startup_error"] = str(e)
+        log.error("engine failed to start: %s", e)
+        raise
+    app[METRICS].set_engine(app[SERVICE].status.active, app[SERVICE].status.degraded)
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    keeper = app[KEEPER]
+    await keeper.start()
+    app[STARTUP] = asyncio.create_task(_start_engine(app), name="engine-start")
+    yield
+    if not app[STARTUP].done():
+        app[STARTUP].cancel()
+    await asyncio.gather(app[STARTUP], return_exceptions=True)
+    await app[SERVICE].close()
+    await app[PIPELINE].close()
+    await keeper.shutdown()
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    """Stop accepting; answer frames in flight; close sockets with 1001 and a resume hint."""
+    app[STATE]["stopping"] = True
+    conns = list(app[CONNECTIONS].values())
+    deadline = time.monotonic() + app[CONFIG].server.shutdown_grace_s
+    while any(c.in_flight for c in conns) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    for c in conns:
+        try:
+            await c.send(reply.closing(c.session.resume_token))
+        except Exception:  # the client may already be gone
+            pass
+        await c.close(WSCloseCode.GOING_AWAY, "server shutting down; resume with your token",
+                      "shutdown")
+
+
+def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application:
+    """Build the application; the engine starts when the app starts."""
+    logging.getLogger("edge_vision").setLevel(config.logging.level.upper())
+    spec = spec or load_model_spec(config.model, config.engine.max_batch)
+    metrics = Metrics()
+    service = InferenceService(spec, config, on_batch=metrics.observe_batch)
+    pipeline = FramePipeline(config, service)
+    node_id = _node_id(config)
+    app = web.Application(client_max_size=1024**2)
+    app[CONFIG] = config
+    app[METRICS] = metrics
+    app[SERVICE] = service
+    app[PIPELINE] = pipeline
+    app[CONNECTIONS] = {}
+    app[STATE] = {"web_root": config.server.web_root or REPO_WEB}
+    started = time.time()
+    app[NODE] = {"id": node_id, "started": started}
+
+    def node_record() -> dict[str, str]:
+        st = service.status
+        return {
+            "id": node_id,
+            "address": config.state.advertise_url or f"{socket.gethostname()}:{config.server.port}",
+            "model": spec.name,
+            "engine": st.active or st.configured,
+            "degraded": "1" if st.degraded else "0",
+            "started": repr(started),
+            "heartbeat": repr(time.time()),
+            "connections": str(len(app[CONNECTIONS])),
+            "in_flight": str(service.in_flight),
+            "protocol": str(PROTOCOL_VERSION),
+        }
+
+    keeper = StateKeeper(
+        create_store(config.state.redis_url, config.state.op_timeout_s),
+        config.state, node_id, node_record, metrics,
+    )
+    app[KEEPER] = keeper
+    app[CONNECTION_CTX] = ConnectionContext(config, pipeline, metrics, keeper, spec.label)
+    app.cleanup_ctx.append(_lifecycle)
+    app.on_shutdown.append(_on_shutdown)
+    app.router.add_get("/ws", ws_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/api/sessions", api_sessions)
+    app.router.add_get("/api/nodes", api_nodes)
+    app.router.add_post("/api/engine/retry", api_engine_retry)
+    app.router.add_get("/", index)
+    web_root = app[STATE]["web_root"]
+    if Path(web_root).is_dir():
+        app.router.add_static("/static/", web_root, follow_symlinks=False)
+    return app
+
+
+def run_server(config: Config) -> None:
+    """Serve until SIGINT/SIGTERM; tells systemd READY=1 after warm-up when under a unit."""
+    from . import systemd
+
+    app = create_app(config)
+
+    async def _notify_when_ready(app: web.Application) -> AsyncIterator[None]:
+        async def watch() -> None:
+            await app[STARTUP]
+            systemd.notify("READY=1")
+            log.info("ready on http://%s:%s", config.server.host, config.server.port)
+            interval = systemd.watchdog_interval_s()
+            while interval:
+                if app[SERVICE].status.ready:  # a wedged engine stops the watchdog pings
+                    systemd.notify("WATCHDOG=1")
+                await asyncio.sleep(interval)
+
+        task = asyncio.create_task(watch())
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        systemd.notify("STOPPING=1")
+
+    app.cleanup_ctx.append(_notify_when_ready)
+    web.run_app(
+        app,
+        host=config.server.host,
+        port=config.server.port,
+        print=None,
+        shutdown_timeout=config.server.shutdown_grace_s + 2,
+        access_log=None,
+    )

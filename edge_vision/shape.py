@@ -1,0 +1,137 @@
+"""Stage 4, shape: per-frame engine input size, letterbox, normalise. Pure functions.
+
+The engine input follows the frame's aspect ratio: the long side goes to the target
+(``model.input_size``), both sides are rounded *up* to the stride and clamped to the
+engine's optimisation profile, so a 16:9 frame runs at 640×384 instead of 640×640. The
+frame is resized into that canvas keeping its aspect ratio and centred; :class:`Letterbox`
+remembers the exact per-axis scale and padding so boxes map back to frame pixels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+U8Array = npt.NDArray[np.uint8]
+F32Array = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class InputLimits:
+    """What the engine accepts: target long side, stride and the profile's side range."""
+
+    target: int = 640
+    stride: int = 32
+    min_side: int = 32
+    max_side: int = 1280
+
+    def __post_init__(self) -> None:
+        if self.min_side > self.max_side:
+            raise ValueError(f"min_side {self.min_side} > max_side {self.max_side}")
+        if self.stride <= 0 or self.target <= 0:
+            raise ValueError("stride and target must be positive")
+
+
+def _round_up(value: float, stride: int) -> int:
+    return int(-(-round(value) // stride) * stride)
+
+
+def choose_input_shape(width: int, height: int, limits: InputLimits) -> tuple[int, int]:
+    """Engine input ``(height, width)`` for a frame: aspect kept, stride-rounded, clamped."""
+    if width <= 0 or height <= 0:
+        raise ValueError("frame sides must be positive")
+    scale = limits.target / max(width, height)
+    lo = _round_up(limits.min_side, limits.stride)
+    hi = limits.max_side - limits.max_side % limits.stride
+    h = min(max(_round_up(height * scale, limits.stride), lo), hi)
+    w = min(max(_round_up(width * scale, limits.stride), lo), hi)
+    return h, w
+
+
+@dataclass(frozen=True, slots=True)
+class Letterbox:
+    """Where a ``src_w × src_h`` frame sits inside an ``out_w × out_h`` engine input."""
+
+    src_w: int
+    src_h: int
+    out_w: int
+    out_h: int
+    new_w: int  # resized frame inside the canvas
+    new_h: int
+    pad_x: int  # left padding
+    pad_y: int  # top padding
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_h, self.out_w
+
+    def to_frame(self, boxes: F32Array) -> F32Array:
+        """Map ``(N, >=4)`` x1,y1,x2,y2 boxes from input to frame pixels, clipped, in place."""
+        if len(boxes):
+            sx = self.new_w / self.src_w
+            sy = self.new_h / self.src_h
+            boxes[:, [0, 2]] = np.clip((boxes[:, [0, 2]] - self.pad_x) / sx, 0, self.src_w)
+            boxes[:, [1, 3]] = np.clip((boxes[:, [1, 3]] - self.pad_y) / sy, 0, self.src_h)
+        return boxes
+
+
+def plan_letterbox(src_w: int, src_h: int, out_h: int, out_w: int) -> Letterbox:
+    scale = min(out_w / src_w, out_h / src_h)
+    new_w = min(out_w, max(1, round(src_w * scale)))
+    new_h = min(out_h, max(1, round(src_h * scale)))
+    return Letterbox(
+        src_w, src_h, out_w, out_h, new_w, new_h, (out_w - new_w) // 2, (out_h - new_h) // 2
+    )
+
+
+def plan_for_frame(width: int, height: int, limits: InputLimits) -> Letterbox:
+    h, w = choose_input_shape(width, height, limits)
+    return plan_letterbox(width, height, h, w)
+
+
+def letterbox_into(src: U8Array, lb: Letterbox, dst: U8Array, pad_value: int) -> None:
+    """Resize ``src`` (any size, same aspect as the frame) into ``dst`` (out_h × out_w × 3)."""
+    if dst.shape != (lb.out_h, lb.out_w, 3):
+        raise ValueError(f"dst is {dst.shape}, letterbox wants {(lb.out_h, lb.out_w, 3)}")
+    y0, x0, y1, x1 = lb.pad_y, lb.pad_x, lb.pad_y + lb.new_h, lb.pad_x + lb.new_w
+    region = dst[y0:y1, x0:x1]
+    if src.shape[:2] == (lb.new_h, lb.new_w):
+        np.copyto(region, src)
+    else:
+        shrinking = src.shape[1] > lb.new_w
+        interp = cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
+        cv2.resize(src, (lb.new_w, lb.new_h), dst=region, interpolation=interp)
+    if y0:
+        dst[:y0] = pad_value
+    if y1 < lb.out_h:
+        dst[y1:] = pad_value
+    if x0:
+        dst[y0:y1, :x0] = pad_value
+    if x1 < lb.out_w:
+        dst[y0:y1, x1:] = pad_value
+
+
+@dataclass(frozen=True, slots=True)
+class Normalisation:
+    """``x' = (x - mean[c]) / std[c]`` per model input channel ``c`` (mean/std in that order)."""
+
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    rgb: bool  # the model wants RGB (channels reversed from our BGR pixels)
+
+
+def normalise_into(dst: F32Array, frames: list[U8Array], norm: Normalisation) -> None:
+    """uint8 BGR HWC frames → float32 NCHW ``dst`` (``len(frames)`` × 3 × H × W), in place."""
+    if dst.shape[0] != len(frames):
+        raise ValueError("dst batch size differs from number of frames")
+    scale = np.asarray([1.0 / s for s in norm.std], np.float32)
+    shift = np.asarray([-m / s for m, s in zip(norm.mean, norm.std, strict=True)], np.float32)
+    order = (2, 1, 0) if norm.rgb else (0, 1, 2)
+    for i, frame in enumerate(frames):
+        for c_out, c_in in enumerate(order):
+            plane = dst[i, c_out]
+            np.multiply(frame[:, :, c_in], scale[c_out], out=plane, casting="unsafe")
+            plane += shift[c_out]
