@@ -55,7 +55,11 @@ class BatchPlanner(Generic[T]):
         """When the earliest bucket becomes ready (a full bucket is ready now)."""
         deadline: float | None = None
         for bucket in self._buckets.values():
-            t = -float("inf") if len(bucket) >= self.max_batch else self._oldest(bucket) + self.window_s
+            t = (
+                -float("inf")
+                if len(bucket) >= self.max_batch
+                else self._oldest(bucket) + self.window_s
+            )
             deadline = t if deadline is None else min(deadline, t)
         return deadline
 
@@ -126,7 +130,7 @@ class Batcher(Generic[T]):
                 pass
             self._task = None
         # A batch may stop its own batcher (engine switch inside a failed batch): skip it.
-        others = self._running - {asyncio.current_task()}  # type: ignore[operator]
+        others = {t for t in self._running if t is not asyncio.current_task()}
         if others:
             await asyncio.gather(*others, return_exceptions=True)
         return self.planner.drain()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -21,7 +21,10 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, help="ONNX model (default: embedded PP-OCRv6 det)")
     p.add_argument("--engine", help="onnxruntime | torch | tensorrt | triton")
     p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="any config key, e.g. --set engine.max_batch=8 (repeatable)",
     )
 
@@ -47,7 +50,8 @@ def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = No
 
 def setup_logging(level: str) -> None:
     logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
 
@@ -84,9 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Subcommands that live in their own modules; each has ``register_cli(subparsers)`` and
+# keeps its heavy imports inside the command function.
+SUBCOMMAND_MODULES = ("replay", "bench", "build_engine")
+
+
 def _subcommand_registrars() -> list[Callable[[Any], None]]:
-    """Subcommands that live in their own modules (imported here, run lazily)."""
-    return []
+    registrars: list[Callable[[Any], None]] = []
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"edge_vision.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"edge_vision.{name}":
+                raise
+            continue  # that subcommand has not been written yet
+        registrars.append(module.register_cli)
+    return registrars
 
 
 _SUBCOMMANDS = _subcommand_registrars()

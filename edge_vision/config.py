@@ -51,7 +51,9 @@ class ServerConfig(_Section):
         "decoding; larger is answered with image_too_large.",
     )
     max_connections: int = Field(256, ge=1, description="Open WebSockets above this get 503.")
-    ping_interval_s: float = Field(20.0, gt=0, description="WebSocket ping period (RFC 6455 5.5.2).")
+    ping_interval_s: float = Field(
+        20.0, gt=0, description="WebSocket ping period (RFC 6455 5.5.2)."
+    )
     idle_timeout_s: float = Field(
         60.0, gt=0, description="Close a connection after this long without any frame from it."
     )
@@ -343,4 +345,4 @@ def load_config(
 def dump_config(config: Config) -> str:
     """The effective configuration as YAML (what ``--print-config`` shows)."""
     data = config.model_dump(mode="json")
-    return yaml.safe_dump(data, sort_keys=False)
+    return str(yaml.safe_dump(data, sort_keys=False))

@@ -59,12 +59,12 @@ class Connection:
         self.session = session
         self.ctx = ctx
         cfg = ctx.config
-        self.admission: Admission[FrameMessage] = Admission(
-            session.mode, cfg.session.every_queue
-        )
+        self.admission: Admission[FrameMessage] = Admission(session.mode, cfg.session.every_queue)
         self._send_lock = asyncio.Lock()
         self._in_flight = 0
         self._capacity = asyncio.Condition()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._ordered: asyncio.Queue[asyncio.Task[str]] = asyncio.Queue()
         self.client_close_code: int | None = None
         self.closed_by_server: str | None = None
@@ -74,6 +74,10 @@ class Connection:
         """Frames taken from admission whose reply has not been sent yet."""
         return self._in_flight
 
+    async def wait_idle(self) -> None:
+        """Until no frame of this connection is in flight (graceful shutdown)."""
+        await self._idle.wait()
+
     # -- sending ----------------------------------------------------------------------
 
     async def send(self, text: str) -> None:
@@ -81,7 +85,9 @@ class Connection:
             raise ConnectionDone
         async with self._send_lock:
             try:
-                await asyncio.wait_for(self.ws.send_str(text), self.ctx.config.server.send_timeout_s)
+                await asyncio.wait_for(
+                    self.ws.send_str(text), self.ctx.config.server.send_timeout_s
+                )
             except TimeoutError:
                 await self.close(CLOSE_SLOW_CLIENT, "client is not reading results", "slow_client")
                 raise ConnectionDone from None
@@ -124,6 +130,7 @@ class Connection:
             async with self._capacity:
                 await self._capacity.wait_for(lambda: self._in_flight < self._limit())
                 self._in_flight += 1
+                self._idle.clear()
             frame = await self.admission.get()
             task = asyncio.create_task(self._process(frame, time.perf_counter()))
             self._ordered.put_nowait(task)
@@ -138,6 +145,8 @@ class Connection:
                 finally:
                     async with self._capacity:
                         self._in_flight -= 1
+                        if self._in_flight == 0:
+                            self._idle.set()
                         self._capacity.notify_all()
         except ConnectionDone:
             return
@@ -152,8 +161,9 @@ class Connection:
             return self._rejected(ClientError("engine_unavailable", str(e), frame.id))
         except Exception:
             log.exception("frame %r of session %s failed", frame.id, s.id)
-            return self._rejected(ClientError("internal", "the server failed on this frame",
-                                              frame.id))
+            return self._rejected(
+                ClientError("internal", "the server failed on this frame", frame.id)
+            )
         s.answered += 1
         m.frames_answered.inc()
         m.observe_timing(res.timing)
@@ -200,8 +210,9 @@ class Connection:
             self.ctx.metrics.frames_rejected.labels("message_too_large").inc()
             self.ctx.metrics.connections_closed.labels("message_too_large").inc()
             self.closed_by_server = "message_too_large"
-            log.info("session %s sent a message over the size limit; closed with 1009",
-                     self.session.id)
+            log.info(
+                "session %s sent a message over the size limit; closed with 1009", self.session.id
+            )
         else:
             log.info("session %s: protocol error %s", self.session.id, exc)
 

@@ -195,8 +195,12 @@ def _jpeg_scale(header: ImageHeader, min_size: tuple[int, int] | None) -> int:
 def _opencv_decode(data: bytes, header: ImageHeader, scale: int) -> U8Array:
     import cv2
 
-    flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
-             8: cv2.IMREAD_REDUCED_COLOR_8}[scale if header.format == "jpeg" else 1]
+    flags = {
+        1: cv2.IMREAD_COLOR,
+        2: cv2.IMREAD_REDUCED_COLOR_2,
+        4: cv2.IMREAD_REDUCED_COLOR_4,
+        8: cv2.IMREAD_REDUCED_COLOR_8,
+    }[scale if header.format == "jpeg" else 1]
     img = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
     if img is None:
         raise ClientError("bad_image", f"{header.format.upper()} data could not be decoded")
@@ -307,7 +311,9 @@ def pick_decoder(preference: str = "auto") -> Decoder:
     if preference != "auto":
         cls = _DECODERS.get(preference)
         if cls is None:
-            raise ConfigError(f"decode.decoder {preference!r}; allowed: auto, {', '.join(_DECODERS)}")
+            raise ConfigError(
+                f"decode.decoder {preference!r}; allowed: auto, {', '.join(_DECODERS)}"
+            )
         try:
             return cls()
         except (ImportError, OSError, RuntimeError) as e:

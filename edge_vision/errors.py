@@ -5,6 +5,7 @@
     ├── ModelError             a model file that cannot be used (missing, unsupported outputs)
     ├── EngineError            an engine failed to load or to run
     │   └── EngineUnavailable  no engine can serve right now (GPU lost, Triton down, no fallback)
+    ├── StateUnavailable       the state store (Redis) cannot be reached; frames keep flowing
     └── ClientError            bad input from one client; becomes an ``error`` message with a
                                stable ``code`` and never a traceback in the log
 
@@ -51,6 +52,10 @@ class EngineError(EdgeVisionError):
 
 class EngineUnavailable(EngineError):
     """No engine can serve right now; frames are answered with ``engine_unavailable``."""
+
+
+class StateUnavailable(EdgeVisionError):
+    """The state store cannot be reached; state is degraded, frames keep flowing."""
 
 
 class ClientError(EdgeVisionError):

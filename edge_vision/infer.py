@@ -134,12 +134,14 @@ class InferenceService:
         self.status.warmup_s = time.perf_counter() - t0
         self.status.details = engine.describe()
         log.info(
-            "engine %s ready (head %s, warm-up %.2f s)", engine.kind, self.spec.head,
+            "engine %s ready (head %s, warm-up %.2f s)",
+            engine.kind,
+            self.spec.head,
             self.status.warmup_s,
         )
         if old_batcher is not None:
             for job in await old_batcher.stop():  # frames queued on the old engine move over
-                self._batcher.submit(job.frame.shape[:2], job)  # type: ignore[arg-type]
+                self._batcher.submit((job.frame.shape[0], job.frame.shape[1]), job)
         if old_engine is not None and old_engine is not engine:
             await old_engine.close()
 
@@ -223,6 +225,7 @@ class InferenceService:
         if engine is None:
             raise RuntimeError("batch dispatched with no engine")
         t0 = time.perf_counter()
+        outputs: list[np.ndarray] | None
         try:
             outputs = await engine.infer([j.frame for j in jobs])
         except EngineError as e:
@@ -251,8 +254,11 @@ class InferenceService:
             return None
         async with self._switch_lock:
             if self.engine is failed:
-                log.warning("engine %s failed at run time (%s); degrading to onnxruntime",
-                            failed.kind, error)
+                log.warning(
+                    "engine %s failed at run time (%s); degrading to onnxruntime",
+                    failed.kind,
+                    error,
+                )
                 try:
                     fallback = await self._load("onnxruntime")
                 except EngineError as e:

@@ -7,7 +7,21 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 STAGES = ("decode", "shape", "queue", "batch_wait", "infer", "post", "server")
 _LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
 )
 
 
@@ -23,35 +37,50 @@ class Metrics:
             p + "frames_dropped", "Frames replaced by a newer one (latest-wins)", registry=r
         )
         self.frames_rejected = Counter(
-            p + "frames_rejected", "Messages answered with an error, by code", ["code"],
+            p + "frames_rejected",
+            "Messages answered with an error, by code",
+            ["code"],
             registry=r,
         )
         self.stage_seconds = Histogram(
-            p + "stage_seconds", "Per-stage latency", ["stage"], buckets=_LATENCY_BUCKETS,
+            p + "stage_seconds",
+            "Per-stage latency",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.batch_size = Histogram(
-            p + "batch_size", "Frames per engine batch", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
+            p + "batch_size",
+            "Frames per engine batch",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
             registry=r,
         )
         self.batch_wait_seconds = Histogram(
-            p + "batch_wait_seconds", "Oldest frame's wait in the batcher",
-            buckets=_LATENCY_BUCKETS, registry=r,
+            p + "batch_wait_seconds",
+            "Oldest frame's wait in the batcher",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.batch_infer_seconds = Histogram(
-            p + "batch_infer_seconds", "Engine time per batch", buckets=_LATENCY_BUCKETS,
+            p + "batch_infer_seconds",
+            "Engine time per batch",
+            buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.connections = Gauge(p + "connections", "Open WebSocket connections", registry=r)
         self.connections_closed = Counter(
-            p + "connections_closed", "Connections closed by the server, by reason", ["reason"],
+            p + "connections_closed",
+            "Connections closed by the server, by reason",
+            ["reason"],
             registry=r,
         )
         self.engine_degraded = Gauge(
             p + "engine_degraded", "1 while serving on the fallback engine", registry=r
         )
         self.engine_active = Gauge(
-            p + "engine_active", "The engine serving frames (1 for the active kind)", ["kind"],
+            p + "engine_active",
+            "The engine serving frames (1 for the active kind)",
+            ["kind"],
             registry=r,
         )
         self.state_write_failures = Counter(

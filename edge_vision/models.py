@@ -119,8 +119,10 @@ def load_model_spec(cfg: ModelConfig, max_batch: int) -> ModelSpec:
     meta = {p.key: p.value for p in proto.metadata_props}
     outputs = [o.name for o in graph.output]
     out_rank = [len(o.type.tensor_type.shape.dim) for o in graph.output]
-    out_ch = [_dim(o.type.tensor_type.shape.dim[1]) if r > 1 else None
-              for o, r in zip(graph.output, out_rank, strict=True)]
+    out_ch = [
+        _dim(o.type.tensor_type.shape.dim[1]) if r > 1 else None
+        for o, r in zip(graph.output, out_rank, strict=True)
+    ]
 
     preset: Preset
     if cfg.preset != "auto":

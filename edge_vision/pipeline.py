@@ -169,7 +169,11 @@ class FramePipeline:
 
 
 def _timing(
-    frame: FrameMessage, taken_at: float, prep: _Prepared, batch: BatchInfo, t_post: float,
+    frame: FrameMessage,
+    taken_at: float,
+    prep: _Prepared,
+    batch: BatchInfo,
+    t_post: float,
     done: float,
 ) -> dict[str, float]:
     ms = 1000.0

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import cv2
 import numpy as np
@@ -75,7 +75,8 @@ def _finish(dets: F32Array, lb: Letterbox, max_det: int) -> F32Array:
 
 
 class Head(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def decode(self, outputs: Sequence[np.ndarray], lb: Letterbox, confidence: float) -> F32Array:
         """One frame's outputs (batch axis removed) → ``(N, 6)`` frame-pixel detections."""
@@ -123,7 +124,7 @@ class DbnetHead:
         return _finish(dets, lb, self.max_detections)
 
     @staticmethod
-    def _box_score(prob: F32Array, points: F32Array) -> float:
+    def _box_score(prob: F32Array, points: npt.NDArray[Any]) -> float:
         """Mean probability inside the box polygon (DB's 'fast' box score)."""
         h, w = prob.shape
         xmin = int(np.clip(np.floor(points[:, 0].min()), 0, w - 1))
@@ -172,7 +173,11 @@ class YoloV8Head:
             return empty_detections()
         xyxy = _xywh_to_xyxy(pred[:4, sel].T)
         return _nms_detections(
-            xyxy, scores[sel], classes[sel].astype(np.float32), self.nms_iou, lb,
+            xyxy,
+            scores[sel],
+            classes[sel].astype(np.float32),
+            self.nms_iou,
+            lb,
             self.max_detections,
         )
 
@@ -198,7 +203,11 @@ class YoloV5Head:
             return empty_detections()
         xyxy = _xywh_to_xyxy(pred[sel, :4])
         return _nms_detections(
-            xyxy, scores[sel], classes[sel].astype(np.float32), self.nms_iou, lb,
+            xyxy,
+            scores[sel],
+            classes[sel].astype(np.float32),
+            self.nms_iou,
+            lb,
             self.max_detections,
         )
 

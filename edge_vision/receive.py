@@ -101,7 +101,9 @@ def _settings(obj: dict[str, Any]) -> SettingsMessage:
     known = {"type", "mode", "confidence", "classes"}
     extra = sorted(set(obj) - known)
     if extra:
-        raise ClientError("bad_settings", f"unknown settings {extra}; known: {sorted(known - {'type'})}")
+        raise ClientError(
+            "bad_settings", f"unknown settings {extra}; known: {sorted(known - {'type'})}"
+        )
     mode = obj.get("mode")
     if mode is not None and mode not in ("latest", "every"):
         raise ClientError("bad_settings", "'mode' must be 'latest' or 'every'")

@@ -35,28 +35,34 @@ def hello(
     counters: Mapping[str, int],
     node_id: str,
 ) -> str:
-    return _dumps({
-        "type": "hello",
-        "protocol": PROTOCOL_VERSION,
-        "session_id": session_id,
-        "resume_token": resume_token,
-        "resumed": resumed,
-        "node": node_id,
-        "model": model,
-        "labels": labels,
-        "engine": dict(engine),
-        "mode": mode,
-        "settings": dict(settings),
-        "limits": dict(limits),
-        "counters": dict(counters),
-    })
+    return _dumps(
+        {
+            "type": "hello",
+            "protocol": PROTOCOL_VERSION,
+            "session_id": session_id,
+            "resume_token": resume_token,
+            "resumed": resumed,
+            "node": node_id,
+            "model": model,
+            "labels": labels,
+            "engine": dict(engine),
+            "mode": mode,
+            "settings": dict(settings),
+            "limits": dict(limits),
+            "counters": dict(counters),
+        }
+    )
 
 
 def result(res: FrameResult, label: Callable[[int], str], dropped: int) -> str:
     dets = [
         {
-            "box": [round(float(x1), 2), round(float(y1), 2), round(float(x2), 2),
-                    round(float(y2), 2)],
+            "box": [
+                round(float(x1), 2),
+                round(float(y1), 2),
+                round(float(x2), 2),
+                round(float(y2), 2),
+            ],
             "score": round(float(score), 4),
             "class": int(cls),
             "label": label(int(cls)),
@@ -64,16 +70,18 @@ def result(res: FrameResult, label: Callable[[int], str], dropped: int) -> str:
         for x1, y1, x2, y2, score, cls in res.detections.tolist()
     ]
     timing = {k: (int(v) if k == "batch_size" else round(v, 3)) for k, v in res.timing.items()}
-    return _dumps({
-        "type": "result",
-        "id": res.frame.id,
-        "ts": res.frame.ts,
-        "width": res.width,
-        "height": res.height,
-        "detections": dets,
-        "timing": timing,
-        "dropped": dropped,
-    })
+    return _dumps(
+        {
+            "type": "result",
+            "id": res.frame.id,
+            "ts": res.frame.ts,
+            "width": res.width,
+            "height": res.height,
+            "detections": dets,
+            "timing": timing,
+            "dropped": dropped,
+        }
+    )
 
 
 def error(code: str, message: str, frame_id: FrameId | None = None) -> str:

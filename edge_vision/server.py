@@ -27,7 +27,7 @@ from aiohttp import WSCloseCode, web
 
 from . import reply
 from .config import Config
-from .connection import Connection, ConnectionContext
+from .connection import Connection, ConnectionContext, ConnectionDone
 from .errors import EdgeVisionError
 from .infer import InferenceService
 from .metrics import Metrics
@@ -46,7 +46,7 @@ PIPELINE = web.AppKey("pipeline", FramePipeline)
 KEEPER = web.AppKey("keeper", StateKeeper)
 CONNECTIONS = web.AppKey("connections", dict[str, Connection])
 NODE = web.AppKey("node", dict[str, Any])
-STARTUP = web.AppKey("startup", "asyncio.Task[None]")
+STARTUP: web.AppKey[asyncio.Task[None]] = web.AppKey("startup")
 STATE = web.AppKey("state", dict[str, Any])
 CONNECTION_CTX = web.AppKey("connection_ctx", ConnectionContext)
 
@@ -91,8 +91,11 @@ async def readyz(request: web.Request) -> web.Response:
     body = {
         "ready": service.status.ready and not app[STATE].get("stopping", False),
         "engine": _engine_json(service),
-        "state": {"store": keeper.store.kind, "degraded": keeper.degraded,
-                  "error": keeper.last_error},
+        "state": {
+            "store": keeper.store.kind,
+            "degraded": keeper.degraded,
+            "error": keeper.last_error,
+        },
         "connections": len(app[CONNECTIONS]),
         "node": app[NODE]["id"],
     }
@@ -138,8 +141,9 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
     if app[STATE].get("stopping"):
         raise web.HTTPServiceUnavailable(text="server is shutting down\n")
     if not service.status.ready:
-        raise web.HTTPServiceUnavailable(text="engine is warming up; retry shortly\n",
-                                         headers={"Retry-After": "1"})
+        raise web.HTTPServiceUnavailable(
+            text="engine is warming up; retry shortly\n", headers={"Retry-After": "1"}
+        )
     if len(app[CONNECTIONS]) >= cfg.server.max_connections:
         raise web.HTTPServiceUnavailable(text="connection limit reached\n")
 
@@ -157,8 +161,11 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
             await old.close(WSCloseCode.POLICY_VIOLATION, "session resumed elsewhere", "superseded")
     if session is None:
         session = new_session(
-            app[NODE]["id"], cfg.session.default_mode, cfg.model.confidence,
-            request.remote or "", request.headers.get("User-Agent", ""),
+            app[NODE]["id"],
+            cfg.session.default_mode,
+            cfg.model.confidence,
+            request.remote or "",
+            request.headers.get("User-Agent", ""),
         )
     else:
         session.client = request.remote or session.client
@@ -178,30 +185,32 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
     app[CONNECTIONS][session.id] = conn
     spec = service.spec
     try:
-        await conn.send(reply.hello(
-            session_id=session.id,
-            resume_token=session.resume_token,
-            resumed=resumed,
-            model=spec.name,
-            labels=list(spec.labels),
-            engine=_engine_json(service),
-            mode=session.mode,
-            settings=session.settings_dict(),
-            limits={
-                "max_message_bytes": cfg.server.max_message_bytes,
-                "max_pixels": cfg.server.max_pixels,
-                "input_size": spec.limits.target,
-                "stride": spec.limits.stride,
-                "max_side": spec.limits.max_side,
-                "max_batch": service.engine.max_batch if service.engine else 1,
-                "formats": ["jpeg", "png"],
-                "binary_frames": True,
-            },
-            counters=session.counters(),
-            node_id=app[NODE]["id"],
-        ))
+        await conn.send(
+            reply.hello(
+                session_id=session.id,
+                resume_token=session.resume_token,
+                resumed=resumed,
+                model=spec.name,
+                labels=list(spec.labels),
+                engine=_engine_json(service),
+                mode=session.mode,
+                settings=session.settings_dict(),
+                limits={
+                    "max_message_bytes": cfg.server.max_message_bytes,
+                    "max_pixels": cfg.server.max_pixels,
+                    "input_size": spec.limits.target,
+                    "stride": spec.limits.stride,
+                    "max_side": spec.limits.max_side,
+                    "max_batch": service.engine.max_batch if service.engine else 1,
+                    "formats": ["jpeg", "png"],
+                    "binary_frames": True,
+                },
+                counters=session.counters(),
+                node_id=app[NODE]["id"],
+            )
+        )
         await conn.serve()
-    except Exception as e:  # noqa: BLE001 - one connection's failure must not leak
+    except Exception as e:
         if not isinstance(e, ConnectionError | asyncio.CancelledError):
             log.exception("connection %s failed", session.id)
     finally:
@@ -245,16 +254,19 @@ async def _on_shutdown(app: web.Application) -> None:
     """Stop accepting; answer frames in flight; close sockets with 1001 and a resume hint."""
     app[STATE]["stopping"] = True
     conns = list(app[CONNECTIONS].values())
-    deadline = time.monotonic() + app[CONFIG].server.shutdown_grace_s
-    while any(c.in_flight for c in conns) and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    grace = app[CONFIG].server.shutdown_grace_s
+    try:
+        await asyncio.wait_for(asyncio.gather(*(c.wait_idle() for c in conns)), grace)
+    except TimeoutError:
+        log.warning("frames still in flight after %.1f s; closing anyway", grace)
     for c in conns:
         try:
             await c.send(reply.closing(c.session.resume_token))
-        except Exception:  # the client may already be gone
+        except ConnectionDone:  # the client may already be gone
             pass
-        await c.close(WSCloseCode.GOING_AWAY, "server shutting down; resume with your token",
-                      "shutdown")
+        await c.close(
+            WSCloseCode.GOING_AWAY, "server shutting down; resume with your token", "shutdown"
+        )
 
 
 def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application:
@@ -292,7 +304,10 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
 
     keeper = StateKeeper(
         create_store(config.state.redis_url, config.state.op_timeout_s),
-        config.state, node_id, node_record, metrics,
+        config.state,
+        node_id,
+        node_record,
+        metrics,
     )
     app[KEEPER] = keeper
     app[CONNECTION_CTX] = ConnectionContext(config, pipeline, metrics, keeper, spec.label)

@@ -35,8 +35,14 @@ def no_blocking_calls_on_loop(request: pytest.FixtureRequest) -> Iterator[BlockB
         return
     with blockbuster_ctx() as bb:
         # Test-support code may block where only tests run it (reading fixture files).
-        for name in ("io.BufferedReader.read", "io.TextIOWrapper.read", "os.stat",
-                     "io.BufferedWriter.write", "os.mkdir", "os.replace"):
+        for name in (
+            "io.BufferedReader.read",
+            "io.TextIOWrapper.read",
+            "os.stat",
+            "io.BufferedWriter.write",
+            "os.mkdir",
+            "os.replace",
+        ):
             if name in bb.functions:
                 bb.functions[name].can_block_in("tests/", "")
         yield bb
@@ -55,8 +61,9 @@ async def server_factory(spec: ModelSpec) -> AsyncIterator[Any]:
 
     async with AsyncExitStack() as stack:
 
-        async def make(overrides: dict[str, Any] | None = None,
-                       model_spec: ModelSpec | None = None) -> RunningServer:
+        async def make(
+            overrides: dict[str, Any] | None = None, model_spec: ModelSpec | None = None
+        ) -> RunningServer:
             return await stack.enter_async_context(
                 running_server(test_config(overrides), model_spec or spec)
             )
@@ -88,9 +95,21 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                self.exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + T(10)
         while time.monotonic() < deadline:

@@ -83,8 +83,6 @@ def create_engine(kind: str, spec: ModelSpec, config: Config) -> Engine:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise EngineError(
-            f"engine {kind!r} cannot load: {e}. It needs: pip install {needs}"
-        ) from e
+        raise EngineError(f"engine {kind!r} cannot load: {e}. It needs: pip install {needs}") from e
     cls: type[Engine] = getattr(module, cls_name)
     return cls(spec, config)

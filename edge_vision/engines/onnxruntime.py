@@ -94,5 +94,8 @@ class OnnxRuntimeEngine(Engine):
         self._session = None
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "threads": self.threads,
-                "providers": getattr(self, "providers", [])}
+        return {
+            **super().describe(),
+            "threads": self.threads,
+            "providers": getattr(self, "providers", []),
+        }

@@ -10,10 +10,10 @@ Record = dict[str, str]
 class StateStore(ABC):
     kind: str
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 - optional hook, nothing by default
         """Connect; raising here only marks state degraded, it never stops the node."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, nothing by default
         """Release connections."""
 
     @abstractmethod
@@ -29,8 +29,7 @@ class StateStore(ABC):
         """Delete a node's record and its session set (clean shutdown)."""
 
     @abstractmethod
-    async def list_nodes(self) -> list[Record]:
-        ...
+    async def list_nodes(self) -> list[Record]: ...
 
     @abstractmethod
     async def write_sessions(
@@ -47,16 +46,13 @@ class StateStore(ABC):
         """A session ended for good: delete it."""
 
     @abstractmethod
-    async def get_session(self, session_id: str) -> Record | None:
-        ...
+    async def get_session(self, session_id: str) -> Record | None: ...
 
     @abstractmethod
-    async def list_sessions(self) -> list[Record]:
-        ...
+    async def list_sessions(self) -> list[Record]: ...
 
     @abstractmethod
-    async def node_sessions(self, node_id: str) -> set[str]:
-        ...
+    async def node_sessions(self, node_id: str) -> set[str]: ...
 
 
 def create_store(redis_url: str | None, op_timeout_s: float = 1.0) -> StateStore:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..config import StateConfig
+from ..errors import StateUnavailable
 from ..metrics import Metrics
 from ..session import Session, split_resume_token, token_matches
 from .base import Record, StateStore
@@ -26,6 +27,8 @@ from .base import Record, StateStore
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# Stores raise StateUnavailable; the keeper's own deadline raises TimeoutError.
+STORE_ERRORS = (StateUnavailable, TimeoutError)
 MAX_PENDING_FINALS = 10_000
 _MIN_FLUSH_GAP_S = 0.05
 _MAX_BACKOFF_S = 5.0
@@ -59,7 +62,7 @@ class StateKeeper:
     async def start(self) -> None:
         try:
             await self._op(self.store.start())
-        except Exception as e:  # any store failure only degrades state
+        except STORE_ERRORS as e:  # a store failure only degrades state
             self._failed(e)
         self._task = asyncio.create_task(self._loop(), name="state-keeper")
 
@@ -74,7 +77,7 @@ class StateKeeper:
         await self.flush()
         try:
             await self._op(self.store.remove_node(self.node_id))
-        except Exception as e:
+        except STORE_ERRORS as e:
             self._failed(e)
         await self.store.close()
 
@@ -112,7 +115,7 @@ class StateKeeper:
             if rec is None:
                 try:
                     rec = await self._op(self.store.get_session(sid))
-                except Exception as e:
+                except STORE_ERRORS as e:
                     self._failed(e)
                     rec = None
             session = Session.from_record(rec) if rec else None
@@ -124,7 +127,7 @@ class StateKeeper:
         """All sessions the store knows (across nodes); ``False`` when only local ones."""
         try:
             records = await self._op(self.store.list_sessions())
-        except Exception as e:
+        except STORE_ERRORS as e:
             self._failed(e)
             return [s.public() for s in self.live.values()], False
         merged = {r["id"]: Session.from_record(r) for r in records if "id" in r}
@@ -134,7 +137,7 @@ class StateKeeper:
     async def list_nodes(self) -> tuple[list[Record], bool]:
         try:
             return await self._op(self.store.list_nodes()), True
-        except Exception as e:
+        except STORE_ERRORS as e:
             self._failed(e)
             return [self._node_record()], False
 
@@ -145,8 +148,11 @@ class StateKeeper:
 
     def _failed(self, e: BaseException) -> None:
         if not self.degraded:
-            log.warning("state store %s unreachable (%s); frames keep flowing",
-                        self.store.kind, e or type(e).__name__)
+            log.warning(
+                "state store %s unreachable (%s); frames keep flowing",
+                self.store.kind,
+                e or type(e).__name__,
+            )
         self.degraded = True
         self.last_error = str(e) or type(e).__name__
         if self._metrics is not None:
@@ -162,12 +168,14 @@ class StateKeeper:
             await self._op(
                 self.store.write_node(self.node_id, self._node_record(), self.cfg.node_ttl_s)
             )
-            await self._op(self.store.write_sessions(
-                self.node_id,
-                [s.to_record() for s in self.live.values()],
-                self.cfg.session_ttl_s,
-                self.cfg.node_ttl_s,
-            ))
+            await self._op(
+                self.store.write_sessions(
+                    self.node_id,
+                    [s.to_record() for s in self.live.values()],
+                    self.cfg.session_ttl_s,
+                    self.cfg.node_ttl_s,
+                )
+            )
             while self._finals:
                 sid, rec = next(iter(self._finals.items()))
                 if rec is None:
@@ -178,7 +186,7 @@ class StateKeeper:
                     )
                 if self._finals.get(sid) is rec:
                     del self._finals[sid]
-        except Exception as e:  # redis raises ConnectionError, TimeoutError and others
+        except STORE_ERRORS as e:
             self._failed(e)
             return False
         if self.degraded:

@@ -27,21 +27,24 @@ def frame_binary(frame_id: Any, ts: Any, image: bytes) -> bytes:
 async def recv(ws: aiohttp.ClientWebSocketResponse, timeout: float = 30) -> dict[str, Any]:
     msg = await ws.receive(timeout=T(timeout))
     if msg.type is not aiohttp.WSMsgType.TEXT:
-        raise AssertionError(f"expected a text message, got {msg.type} {msg.data!r} "
-                             f"(close code {ws.close_code})")
+        raise AssertionError(
+            f"expected a text message, got {msg.type} {msg.data!r} (close code {ws.close_code})"
+        )
     obj: dict[str, Any] = orjson.loads(msg.data)
     return obj
 
 
-async def recv_type(ws: aiohttp.ClientWebSocketResponse, kind: str,
-                    timeout: float = 30) -> dict[str, Any]:
+async def recv_type(
+    ws: aiohttp.ClientWebSocketResponse, kind: str, timeout: float = 30
+) -> dict[str, Any]:
     obj = await recv(ws, timeout)
     assert obj["type"] == kind, f"expected {kind}, got {obj}"
     return obj
 
 
-async def connect(session: aiohttp.ClientSession, url: str, **kw: Any
-                  ) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]]:
+async def connect(
+    session: aiohttp.ClientSession, url: str, **kw: Any
+) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]]:
     """Open a WebSocket and read its hello."""
     ws = await session.ws_connect(url, max_msg_size=0, **kw)
     hello = await recv_type(ws, "hello")

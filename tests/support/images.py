@@ -69,8 +69,9 @@ def blank_scene(width: int = 1280, height: int = 720, seed: int = 1) -> Scene:
 
 
 def jpeg(rgb: U8Array, quality: int = 85) -> bytes:
-    return bytes(simplejpeg.encode_jpeg(np.ascontiguousarray(rgb), quality=quality,
-                                        colorspace="RGB"))
+    return bytes(
+        simplejpeg.encode_jpeg(np.ascontiguousarray(rgb), quality=quality, colorspace="RGB")
+    )
 
 
 def png(rgb: U8Array) -> bytes:
@@ -88,8 +89,12 @@ def png_header_only(width: int, height: int) -> bytes:
     import zlib
 
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     idat = zlib.compress(b"\x00" * 64)

@@ -57,7 +57,9 @@ class RunningServer:
 
 
 @asynccontextmanager
-async def running_server(config: Config, spec: ModelSpec | None = None) -> AsyncIterator[RunningServer]:
+async def running_server(
+    config: Config, spec: ModelSpec | None = None
+) -> AsyncIterator[RunningServer]:
     """The real aiohttp app on a real loopback port, engine warmed up before yielding."""
     # create_app reads files (the model, the web root); a real server calls it before its
     # loop starts, so a test does it off the loop too.
@@ -85,11 +87,24 @@ def free_port() -> int:
 class ServerProcess:
     """``python -m edge_vision serve`` as a child process (for signals, nginx, browsers)."""
 
-    def __init__(self, *set_args: str, port: int | None = None, env: Mapping[str, str] | None = None,
-                 log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        *set_args: str,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        log_path: Path | None = None,
+    ) -> None:
         self.port = port or free_port()
-        self.args = [sys.executable, "-m", "edge_vision", "serve", "--host", "127.0.0.1",
-                     "--port", str(self.port)]
+        self.args = [
+            sys.executable,
+            "-m",
+            "edge_vision",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         for a in set_args:
             self.args += ["--set", a]
         self.env = {**os.environ, **(env or {})}
