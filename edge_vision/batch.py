@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from .aio import wait_event
+
 T = TypeVar("T")
 Shape = tuple[int, int]
 
@@ -161,7 +163,4 @@ class Batcher(Generic[T]):
             self._wake.clear()
             if timeout == 0.0:
                 continue
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, timeout)

@@ -161,6 +161,12 @@ class EngineConfig(_Section):
         "onnxruntime",
         description="Engine to switch to when the configured one fails (degrade, don't die).",
     )
+    retry_primary_s: float = Field(
+        30.0,
+        ge=0,
+        description="While degraded to the fallback, try the configured engine again this often; "
+        "0 retries only on POST /api/engine/retry.",
+    )
     max_batch: int = Field(
         4, ge=1, description="Largest batch (the optimisation profile's max batch)."
     )

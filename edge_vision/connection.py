@@ -24,6 +24,7 @@ from aiohttp.http_websocket import WebSocketError
 
 from . import reply
 from .admit import Admission
+from .aio import with_timeout
 from .config import Config
 from .errors import ClientError, EngineError
 from .metrics import Metrics
@@ -85,9 +86,7 @@ class Connection:
             raise ConnectionDone
         async with self._send_lock:
             try:
-                await asyncio.wait_for(
-                    self.ws.send_str(text), self.ctx.config.server.send_timeout_s
-                )
+                await with_timeout(self.ws.send_str(text), self.ctx.config.server.send_timeout_s)
             except TimeoutError:
                 await self.close(CLOSE_SLOW_CLIENT, "client is not reading results", "slow_client")
                 raise ConnectionDone from None
@@ -100,7 +99,7 @@ class Connection:
         self.closed_by_server = reason
         self.ctx.metrics.connections_closed.labels(reason).inc()
         try:
-            await asyncio.wait_for(self.ws.close(code=code, message=message.encode()[:120]), 2.0)
+            await with_timeout(self.ws.close(code=code, message=message.encode()[:120]), 2.0)
         except (TimeoutError, ConnectionError):
             pass
 
@@ -180,7 +179,7 @@ class Connection:
             await asyncio.sleep(interval)
             async with self._send_lock:
                 try:
-                    await asyncio.wait_for(self.ws.ping(), self.ctx.config.server.send_timeout_s)
+                    await with_timeout(self.ws.ping(), self.ctx.config.server.send_timeout_s)
                 except (TimeoutError, ConnectionError, RuntimeError):
                     return
 

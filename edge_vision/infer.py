@@ -27,6 +27,7 @@ from .batch import Batcher, ReadyBatch
 from .config import Config
 from .engines import Engine, create_engine
 from .errors import EngineError, EngineUnavailable
+from .metrics import Metrics
 from .models import ModelSpec
 from .post import pick_head_name
 from .shape import choose_input_shape
@@ -73,17 +74,18 @@ class InferenceService:
         config: Config,
         *,
         engine_factory: EngineFactory = create_engine,
-        on_batch: Callable[[int, float, float], None] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.spec = spec
         self.config = config
         self._factory = engine_factory
-        self._on_batch = on_batch
+        self.metrics = metrics
         self.engine: Engine | None = None
         self.status = EngineStatus(configured=config.engine.kind)
         self._batcher: Batcher[_Job] | None = None
         self._last_infer = time.monotonic()
         self._keep_warm_task: asyncio.Task[None] | None = None
+        self._retry_task: asyncio.Task[None] | None = None
         self._switch_lock = asyncio.Lock()
 
     # -- lifecycle ------------------------------------------------------------------
@@ -102,12 +104,16 @@ class InferenceService:
         await self._activate(engine)
         if self.config.engine.keep_warm_idle_s > 0:
             self._keep_warm_task = asyncio.create_task(self._keep_warm(), name="keep-warm")
+        if self.config.engine.retry_primary_s > 0 and self._can_fall_back(kind):
+            self._retry_task = asyncio.create_task(self._retry_while_degraded(), name="retry")
 
     def _can_fall_back(self, kind: str) -> bool:
         return self.config.engine.fallback == "onnxruntime" and kind != "onnxruntime"
 
     async def _load(self, kind: str) -> Engine:
         engine = self._factory(kind, self.spec, self.config)
+        if self.metrics is not None:
+            engine.bind_metrics(self.metrics)
         try:
             await engine.start()
         except BaseException:
@@ -160,10 +166,17 @@ class InferenceService:
         self._last_infer = time.monotonic()
         return out_shapes
 
+    async def health(self) -> str | None:
+        """None when frames can be served; otherwise the reason (for /readyz)."""
+        if not self.status.ready or self.engine is None:
+            return self.status.reason or "engine not ready"
+        return await self.engine.health()
+
     async def close(self) -> None:
-        if self._keep_warm_task is not None:
-            self._keep_warm_task.cancel()
-            await asyncio.gather(self._keep_warm_task, return_exceptions=True)
+        for task in (self._keep_warm_task, self._retry_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._batcher is not None:
             for job in await self._batcher.stop():
                 if not job.future.done():
@@ -186,6 +199,12 @@ class InferenceService:
             await self._activate(engine)
             self.status.degraded, self.status.reason = False, None
             return True
+
+    async def _retry_while_degraded(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.engine.retry_primary_s)
+            if self.status.degraded and await self.retry_primary():
+                log.info("engine %s is back; no longer degraded", self.config.engine.kind)
 
     async def _keep_warm(self) -> None:
         idle = self.config.engine.keep_warm_idle_s
@@ -238,8 +257,10 @@ class InferenceService:
         infer_s = time.perf_counter() - t0
         self._last_infer = time.monotonic()
         active = self.engine.kind if self.engine else engine.kind
-        if self._on_batch is not None:
-            self._on_batch(len(jobs), infer_s, batch.dispatched_at - min(batch.enqueued_at))
+        if self.metrics is not None:
+            self.metrics.observe_batch(
+                len(jobs), infer_s, batch.dispatched_at - min(batch.enqueued_at)
+            )
         for i, (job, enq) in enumerate(zip(jobs, batch.enqueued_at, strict=False)):
             if job.future.done():
                 continue

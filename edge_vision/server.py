@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import WSCloseCode, web
 
 from . import reply
+from .aio import with_timeout
 from .config import Config
 from .connection import Connection, ConnectionContext, ConnectionDone
 from .errors import EdgeVisionError
@@ -88,8 +89,10 @@ async def readyz(request: web.Request) -> web.Response:
     app = request.app
     service, keeper = app[SERVICE], app[KEEPER]
     startup = app[STATE].get("startup_error")
+    unhealthy = await service.health()
     body = {
-        "ready": service.status.ready and not app[STATE].get("stopping", False),
+        "ready": unhealthy is None and not app[STATE].get("stopping", False),
+        "engine_problem": unhealthy,
         "engine": _engine_json(service),
         "state": {
             "store": keeper.store.kind,
@@ -256,7 +259,7 @@ async def _on_shutdown(app: web.Application) -> None:
     conns = list(app[CONNECTIONS].values())
     grace = app[CONFIG].server.shutdown_grace_s
     try:
-        await asyncio.wait_for(asyncio.gather(*(c.wait_idle() for c in conns)), grace)
+        await with_timeout(asyncio.gather(*(c.wait_idle() for c in conns)), grace)
     except TimeoutError:
         log.warning("frames still in flight after %.1f s; closing anyway", grace)
     for c in conns:
@@ -274,7 +277,7 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     logging.getLogger("edge_vision").setLevel(config.logging.level.upper())
     spec = spec or load_model_spec(config.model, config.engine.max_batch)
     metrics = Metrics()
-    service = InferenceService(spec, config, on_batch=metrics.observe_batch)
+    service = InferenceService(spec, config, metrics=metrics)
     pipeline = FramePipeline(config, service)
     node_id = _node_id(config)
     app = web.Application(client_max_size=1024**2)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 import orjson
 import pytest
 import websockets
+
+from edge_vision.aio import with_timeout
 
 from .support.assertions import (
     assert_box_overlaps,
@@ -62,14 +62,14 @@ async def test_aiohttp_client_gets_text_boxes_with_id_and_ts_echoed(
 async def test_websockets_library_round_trip(server: RunningServer, wire: str) -> None:
     scene = text_scene(960, 540, texts=[("LOT 0042", (300, 200))])
     async with websockets.connect(server.ws_url, max_size=None) as ws:
-        hello = orjson.loads(await asyncio.wait_for(ws.recv(), T(10)))
+        hello = orjson.loads(await with_timeout(ws.recv(), T(10)))
         assert hello["type"] == "hello"
         frame_id = "cam-1/000123"
         if wire == "binary":
             await ws.send(frame_binary(frame_id, 12.5, scene.jpeg()))
         else:
             await ws.send(frame_json(frame_id, 12.5, scene.jpeg()))
-        res = orjson.loads(await asyncio.wait_for(ws.recv(), T(30)))
+        res = orjson.loads(await with_timeout(ws.recv(), T(30)))
     assert res["type"] == "result"
     assert res["id"] == frame_id and res["ts"] == 12.5
     assert_box_overlaps(res, scene.text_boxes[0])

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from ..config import Config
 from ..decode import Allocator
 from ..errors import EngineError
+from ..metrics import Metrics
 from ..models import ModelSpec
 
 U8Array = npt.NDArray[np.uint8]
@@ -48,6 +49,13 @@ class Engine(ABC):
     @property
     def max_in_flight(self) -> int:
         return self.config.engine.in_flight
+
+    def bind_metrics(self, metrics: Metrics) -> None:  # noqa: B027 - optional hook
+        """Engines with metrics of their own (Triton's queue/compute times) register here."""
+
+    async def health(self) -> str | None:
+        """None when the engine can serve; otherwise why not (shown in /readyz)."""
+        return None
 
     def host_allocator(self) -> Allocator | None:
         """Allocator for host frame buffers (pinned memory on CUDA engines), or None."""

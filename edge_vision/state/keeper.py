@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from ..aio import wait_event, with_timeout
 from ..config import StateConfig
 from ..errors import StateUnavailable
 from ..metrics import Metrics
@@ -144,7 +145,7 @@ class StateKeeper:
     # -- flushing ---------------------------------------------------------------------
 
     async def _op(self, aw: Awaitable[T]) -> T:
-        return await asyncio.wait_for(aw, self.cfg.op_timeout_s)
+        return await with_timeout(aw, self.cfg.op_timeout_s)
 
     def _failed(self, e: BaseException) -> None:
         if not self.degraded:
@@ -204,10 +205,7 @@ class StateKeeper:
             if backoff:  # store down: retry on the backoff schedule, not on every change
                 await asyncio.sleep(backoff)
             else:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), self.cfg.heartbeat_s)
-                except TimeoutError:
-                    pass
+                await wait_event(self._wake, self.cfg.heartbeat_s)
             self._wake.clear()
             if await self.flush():
                 backoff = 0.0

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from edge_vision.aio import with_timeout
 from edge_vision.config import Config, load_config
 from edge_vision.models import ModelSpec
 from edge_vision.server import STARTUP, create_app
@@ -72,7 +73,7 @@ async def running_server(
     assert server is not None
     port = server.sockets[0].getsockname()[1]
     try:
-        await asyncio.wait_for(asyncio.shield(app[STARTUP]), T(60))
+        await with_timeout(asyncio.shield(app[STARTUP]), T(60))
         yield RunningServer(app, port)
     finally:
         await runner.cleanup()

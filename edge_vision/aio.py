@@ -1,0 +1,41 @@
+"""Small asyncio helpers that never swallow a cancellation.
+
+``asyncio.wait_for`` on Python 3.10/3.11 loses a ``cancel()`` that arrives in the same loop
+iteration as the awaited result (CPython gh-86296): a background loop then keeps running
+after shutdown cancelled it, and the app hangs in cleanup. These helpers are built on
+``asyncio.wait``, which lets the cancellation through on every supported Python.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def with_timeout(aw: Awaitable[T], timeout: float | None) -> T:
+    """``await aw`` for at most ``timeout`` seconds, else TimeoutError (aw is cancelled)."""
+    task = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.wait({task})  # let it unwind; our own cancel still propagates
+        raise TimeoutError
+    return task.result()
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait until ``event`` is set or ``timeout`` passes; True when it was set."""
+    if event.is_set():
+        return True
+    try:
+        await with_timeout(event.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True
