@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ConfigError
 
@@ -51,6 +51,15 @@ class ServerConfig(_Section):
         "decoding; larger is answered with image_too_large.",
     )
     max_connections: int = Field(256, ge=1, description="Open WebSockets above this get 503.")
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Processes serving the port (SO_REUSEPORT), each with its own event loop "
+        "and engine. More than one lifts one Python interpreter's limit on frames per second "
+        "(a fast GPU can serve more than one process can decode and post-process). Sessions "
+        "resume across workers only with a shared state store (state.redis_url).",
+    )
     ping_interval_s: float = Field(
         20.0, gt=0, description="WebSocket ping period (RFC 6455 5.5.2)."
     )
@@ -137,8 +146,26 @@ class TensorRTConfig(_Section):
         None, description="INT8 calibration frames: an image folder or a video."
     )
     calibration_frames: int = Field(256, ge=1, description="Frames used for INT8 calibration.")
+    calibration_batch: int = Field(8, ge=1, description="Frames per INT8 calibration batch.")
     build_if_missing: bool = Field(
         True, description="serve builds the plan once when none matches the current key."
+    )
+    opt_batch: int | None = Field(
+        None,
+        ge=1,
+        description="Batch size the plan is tuned for (the profile's OPT; the profile spans "
+        "1..engine.max_batch); default engine.max_batch.",
+    )
+    opt_shape: tuple[int, int] | None = Field(
+        None,
+        description="(height, width) the plan is tuned for (the profile's OPT; the profile "
+        "spans every side the server can pick, model.min_side up to model.input_size); "
+        "default: a 16:9 frame's input, e.g. (384, 640).",
+    )
+    timing_cache: Path | None = Field(
+        None,
+        description="Timing cache reused across builds; default: one file per GPU and "
+        "TensorRT version in engine_dir.",
     )
 
 
@@ -151,6 +178,18 @@ class TritonConfig(_Section):
     root_certificates: Path | None = Field(None, description="CA bundle for TLS.")
     cuda_shared_memory: bool = Field(False, description="Pass tensors through CUDA shm.")
     in_flight: int = Field(4, ge=1, description="Requests in flight to Triton at once.")
+    stats_interval_s: float = Field(
+        5.0,
+        ge=0,
+        description="How often Triton's model statistics (queue and compute times) are read "
+        "into /metrics; 0 turns that off.",
+    )
+    reconnect_backoff_s: float = Field(
+        2.0,
+        gt=0,
+        description="Longest pause between gRPC reconnect attempts while Triton is down, so "
+        "frames flow again within about this long after it is back.",
+    )
 
 
 class EngineConfig(_Section):
@@ -168,7 +207,11 @@ class EngineConfig(_Section):
         "0 retries only on POST /api/engine/retry.",
     )
     max_batch: int = Field(
-        4, ge=1, description="Largest batch (the optimisation profile's max batch)."
+        1,
+        ge=1,
+        description="Largest batch (the optimisation profile's max batch). 1 suits the CPU "
+        "engine: batching does not raise ONNX Runtime's CPU throughput, it only adds latency "
+        "(docs/benchmarks.md). GPU engines want 8-16.",
     )
     batch_window_ms: float = Field(
         2.0, ge=0, description="How long a ready frame waits for others of its shape."
@@ -210,20 +253,72 @@ class SessionConfig(_Section):
     every_in_flight: int = Field(
         2, ge=1, description="Frames of one 'every' connection processed at once (in order)."
     )
+    latest_in_flight: int = Field(
+        1,
+        ge=1,
+        le=4,
+        description="Frames of one 'latest' connection processed at once. 1 keeps every "
+        "answer as fresh as possible; 2 overlaps decoding the next frame with inferring the "
+        "current one, so a connection can be answered faster than one server round trip "
+        "(fast GPU engines, 30 fps cameras). At most one frame waits either way.",
+    )
 
 
 class StateConfig(_Section):
+    """Shared connection state (docs/state.md): where it lives, key TTLs, heartbeat."""
+
     redis_url: str | None = Field(
-        None, description="redis:// or unix:// URL; none keeps state in this process."
+        None,
+        pattern=r"^(redis|rediss|unix)://",
+        description="redis://[[user]:password@]host:port/db, rediss:// (TLS) or "
+        "unix:///path/redis.sock?db=0; none keeps state in this process.",
     )
-    node_id: str | None = Field(None, description="This node's id; default host-pid.")
+    redis_password: str | None = Field(
+        None, description="Redis password (AUTH); overrides one given in the URL."
+    )
+    redis_tls_ca: Path | None = Field(
+        None, description="CA bundle that signed the Redis server's certificate (rediss://)."
+    )
+    redis_tls_cert: Path | None = Field(
+        None, description="Client certificate, when Redis asks for one (tls-auth-clients)."
+    )
+    redis_tls_key: Path | None = Field(None, description="Private key of redis_tls_cert.")
+    key_prefix: str = Field(
+        "ev:",
+        pattern=r"^[A-Za-z0-9._:-]{0,32}$",
+        description="Prefix of every key, so several services can share one Redis.",
+    )
+    node_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]{1,64}$",
+        description="This node's id (letters, digits, . _ -); default host-pid.",
+    )
     advertise_url: str | None = Field(None, description="Address other nodes see for this node.")
-    node_ttl_s: float = Field(15.0, gt=0, description="Node key TTL, refreshed by heartbeat.")
+    node_ttl_s: float = Field(
+        15.0,
+        gt=0,
+        description="Node key TTL, refreshed by heartbeat; a dead node vanishes "
+        "after this long. Must exceed heartbeat_s.",
+    )
     session_ttl_s: float = Field(
         120.0, gt=0, description="How long a disconnected session can be resumed."
     )
-    heartbeat_s: float = Field(5.0, gt=0, description="Heartbeat and state flush period.")
+    heartbeat_s: float = Field(
+        5.0,
+        gt=0,
+        description="Heartbeat and state flush period; while Redis is unreachable, "
+        "writes are retried at least this often (and at least every 2 s).",
+    )
     op_timeout_s: float = Field(1.0, gt=0, description="Deadline for one Redis operation.")
+
+    @model_validator(mode="after")
+    def _heartbeat_within_ttl(self) -> StateConfig:
+        if self.node_ttl_s <= self.heartbeat_s:
+            raise ValueError(
+                f"state.node_ttl_s ({self.node_ttl_s}) must be longer than state.heartbeat_s "
+                f"({self.heartbeat_s}), or live nodes would expire between heartbeats"
+            )
+        return self
 
 
 class LoggingConfig(_Section):

@@ -24,7 +24,7 @@ from aiohttp.http_websocket import WebSocketError
 
 from . import reply
 from .admit import Admission
-from .aio import with_timeout
+from .aio import send_within, with_timeout
 from .config import Config
 from .errors import ClientError, EngineError
 from .metrics import Metrics
@@ -66,7 +66,7 @@ class Connection:
         self._capacity = asyncio.Condition()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._ordered: asyncio.Queue[asyncio.Task[str]] = asyncio.Queue()
+        self._ordered: asyncio.Queue[asyncio.Task[tuple[str, bool]]] = asyncio.Queue()
         self.client_close_code: int | None = None
         self.closed_by_server: str | None = None
 
@@ -86,7 +86,7 @@ class Connection:
             raise ConnectionDone
         async with self._send_lock:
             try:
-                await with_timeout(self.ws.send_str(text), self.ctx.config.server.send_timeout_s)
+                await send_within(self.ws.send_str(text), self.ctx.config.server.send_timeout_s)
             except TimeoutError:
                 await self.close(CLOSE_SLOW_CLIENT, "client is not reading results", "slow_client")
                 raise ConnectionDone from None
@@ -120,53 +120,63 @@ class Connection:
             await asyncio.gather(*tasks, return_exceptions=True)
             while not self._ordered.empty():
                 self._ordered.get_nowait().cancel()
+            # Frames the socket closed on (waiting, or taken but never sent) are counted as
+            # dropped, so received = answered + dropped + rejected holds after a resume too.
+            self._count_dropped(len(self.admission.core.drain()) + self._in_flight)
+            self._in_flight = 0
 
     def _limit(self) -> int:
-        return 1 if self.admission.mode == "latest" else self.ctx.config.session.every_in_flight
+        s = self.ctx.config.session
+        return s.latest_in_flight if self.admission.mode == "latest" else s.every_in_flight
 
     async def _produce(self) -> None:
         while True:
             async with self._capacity:
                 await self._capacity.wait_for(lambda: self._in_flight < self._limit())
-                self._in_flight += 1
-                self._idle.clear()
             frame = await self.admission.get()
+            # Counted once a frame is taken (only this task adds, so room is still there):
+            # an idle connection waiting for its next frame has nothing in flight.
+            self._in_flight += 1
+            self._idle.clear()
             task = asyncio.create_task(self._process(frame, time.perf_counter()))
             self._ordered.put_nowait(task)
 
     async def _send_in_order(self) -> None:
-        try:
-            while True:
-                task = await self._ordered.get()
-                text = await task
-                try:
-                    await self.send(text)
-                finally:
-                    async with self._capacity:
-                        self._in_flight -= 1
-                        if self._in_flight == 0:
-                            self._idle.set()
-                        self._capacity.notify_all()
-        except ConnectionDone:
-            return
+        while True:
+            task = await self._ordered.get()
+            text, is_result = await task
+            try:
+                await self.send(text)
+            except (ConnectionDone, asyncio.CancelledError):
+                if is_result:  # computed but never delivered: the client sees it as dropped
+                    self._count_dropped(1)
+                raise
+            else:
+                if is_result:  # answered means delivered
+                    self.session.answered += 1
+                    self.ctx.metrics.frames_answered.inc()
+            finally:
+                async with self._capacity:
+                    self._in_flight -= 1
+                    if self._in_flight == 0:
+                        self._idle.set()
+                    self._capacity.notify_all()
 
-    async def _process(self, frame: FrameMessage, taken_at: float) -> str:
-        s, m = self.session, self.ctx.metrics
+    async def _process(self, frame: FrameMessage, taken_at: float) -> tuple[str, bool]:
+        """The reply for one frame and whether it is a result (else an error)."""
+        s = self.session
         try:
             res = await self.ctx.pipeline.process(frame, s.frame_settings(), taken_at)
         except ClientError as e:
-            return self._rejected(e.with_frame_id(frame.id))
+            return self._rejected(e.with_frame_id(frame.id)), False
         except EngineError as e:
-            return self._rejected(ClientError("engine_unavailable", str(e), frame.id))
+            return self._rejected(ClientError("engine_unavailable", str(e), frame.id)), False
         except Exception:
             log.exception("frame %r of session %s failed", frame.id, s.id)
-            return self._rejected(
-                ClientError("internal", "the server failed on this frame", frame.id)
-            )
-        s.answered += 1
-        m.frames_answered.inc()
-        m.observe_timing(res.timing)
-        return reply.result(res, self.ctx.label, s.dropped)
+            err = ClientError("internal", "the server failed on this frame", frame.id)
+            return self._rejected(err), False
+        self.ctx.metrics.observe_timing(res.timing)
+        return reply.result(res, self.ctx.label, s.dropped), True
 
     def _rejected(self, err: ClientError) -> str:
         self.session.rejected += 1
@@ -221,22 +231,25 @@ class Connection:
         try:
             parsed = parse_text(data, now) if kind is WSMsgType.TEXT else parse_binary(data, now)
         except ClientError as e:
+            if e.code != "bad_settings":  # anything but settings may have been a frame
+                s.received += 1
+                m.frames_received.inc()
             await self.send(self._rejected(e))
             return
         if isinstance(parsed, FrameMessage):
             s.received += 1
             s.last_seen = time.time()
             m.frames_received.inc()
-            self._count_dropped(await self.admission.put(parsed))
+            self._count_dropped(len(await self.admission.put(parsed)))
         elif isinstance(parsed, SettingsMessage):
             await self._apply_settings(parsed)
         elif isinstance(parsed, PingMessage):
             await self.send(reply.pong(parsed.payload))
 
-    def _count_dropped(self, dropped: list[FrameMessage]) -> None:
-        if dropped:
-            self.session.dropped += len(dropped)
-            self.ctx.metrics.frames_dropped.inc(len(dropped))
+    def _count_dropped(self, n: int) -> None:
+        if n:
+            self.session.dropped += n
+            self.ctx.metrics.frames_dropped.inc(n)
 
     async def _apply_settings(self, msg: SettingsMessage) -> None:
         s = self.session
@@ -246,7 +259,8 @@ class Connection:
             s.classes = msg.classes
         if msg.mode is not None and msg.mode != s.mode:
             s.mode = msg.mode
-            self._count_dropped(await self.admission.set_mode(msg.mode))
+            self._count_dropped(len(await self.admission.set_mode(msg.mode)))
             async with self._capacity:
                 self._capacity.notify_all()
+        self.ctx.keeper.touch(s)
         await self.send(reply.settings(s.mode, s.confidence, s.classes))

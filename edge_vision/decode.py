@@ -119,12 +119,20 @@ class BufferPool:
     host memory from the CUDA layer so the H2D copy can be asynchronous.
     """
 
-    def __init__(self, allocator: Allocator = numpy_allocator, keep_per_class: int = 16) -> None:
+    def __init__(self, allocator: Allocator = numpy_allocator, keep_per_class: int = 256) -> None:
         self._allocator = allocator
         self._keep = keep_per_class
         self._free: dict[int, list[U8Array]] = {}
         self._lock = threading.Lock()
         self.allocations = 0  # how many buffers were ever created (tests watch this)
+
+    def set_allocator(self, allocator: Allocator) -> None:
+        """Back new buffers with ``allocator`` (pinned when a CUDA engine takes over); the
+        free lists are emptied so every buffer handed out from now on comes from it."""
+        with self._lock:
+            if allocator is not self._allocator:
+                self._allocator = allocator
+                self._free.clear()
 
     @staticmethod
     def _size_class(nbytes: int) -> int:

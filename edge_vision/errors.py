@@ -4,7 +4,9 @@
     ├── ConfigError            bad configuration; stops start-up with a message naming the key
     ├── ModelError             a model file that cannot be used (missing, unsupported outputs)
     ├── EngineError            an engine failed to load or to run
-    │   └── EngineUnavailable  no engine can serve right now (GPU lost, Triton down, no fallback)
+    │   ├── EngineUnavailable  no engine can serve right now (GPU lost, Triton down, no fallback)
+    │   └── EngineMismatch     the engine serves another model than the configured one (Triton's
+    │                          model metadata differs from the ONNX model): stops start-up
     ├── StateUnavailable       the state store (Redis) cannot be reached; frames keep flowing
     └── ClientError            bad input from one client; becomes an ``error`` message with a
                                stable ``code`` and never a traceback in the log
@@ -52,6 +54,14 @@ class EngineError(EdgeVisionError):
 
 class EngineUnavailable(EngineError):
     """No engine can serve right now; frames are answered with ``engine_unavailable``."""
+
+
+class EngineMismatch(EngineError):
+    """The engine's model contradicts the configured one (input/output names, dtypes, dims).
+
+    A configuration error, not an outage: start-up stops even when a fallback engine is
+    configured, because serving on the fallback would hide it.
+    """
 
 
 class StateUnavailable(EdgeVisionError):

@@ -8,7 +8,9 @@ engine time).
 Degrade, don't die: when the configured engine fails at start or at run time and
 ``engine.fallback`` is ``onnxruntime``, the service switches to the ONNX Runtime CPU
 engine, keeps serving, and says so (``degraded`` in /readyz and /metrics, a warning in the
-log). :meth:`InferenceService.retry_primary` tries the configured engine again.
+log). :meth:`InferenceService.retry_primary` tries the configured engine again. An
+:class:`~edge_vision.errors.EngineMismatch` (the engine serves another model than the
+configured one) is a configuration error and stops start-up instead of degrading.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy.typing as npt
 from .batch import Batcher, ReadyBatch
 from .config import Config
 from .engines import Engine, create_engine
-from .errors import EngineError, EngineUnavailable
+from .errors import EngineError, EngineMismatch, EngineUnavailable
 from .metrics import Metrics
 from .models import ModelSpec
 from .post import pick_head_name
@@ -87,6 +89,14 @@ class InferenceService:
         self._keep_warm_task: asyncio.Task[None] | None = None
         self._retry_task: asyncio.Task[None] | None = None
         self._switch_lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._listeners: list[Callable[[Engine], None]] = []
+
+    def on_engine_change(self, listener: Callable[[Engine], None]) -> None:
+        """Call ``listener(engine)`` whenever an engine becomes active (start, degrade)."""
+        self._listeners.append(listener)
+        if self.engine is not None:
+            listener(self.engine)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -95,6 +105,8 @@ class InferenceService:
         kind = self.config.engine.kind
         try:
             engine = await self._load(kind)
+        except EngineMismatch:
+            raise  # a configuration error: serving on the fallback would hide it
         except EngineError as e:
             if not self._can_fall_back(kind):
                 raise
@@ -137,6 +149,8 @@ class InferenceService:
         self._batcher.start()
         self.status.active = engine.kind
         self.status.ready = True
+        for listener in self._listeners:
+            listener(engine)
         self.status.warmup_s = time.perf_counter() - t0
         self.status.details = engine.describe()
         log.info(
@@ -145,21 +159,35 @@ class InferenceService:
             self.spec.head,
             self.status.warmup_s,
         )
-        if old_batcher is not None:
-            for job in await old_batcher.stop():  # frames queued on the old engine move over
-                self._batcher.submit((job.frame.shape[0], job.frame.shape[1]), job)
-        if old_engine is not None and old_engine is not engine:
-            await old_engine.close()
+        retired = old_engine if old_engine is not engine else None
+        if old_batcher is not None or retired is not None:
+            # Stopping the old batcher waits for its running batches, and with several in
+            # flight one of them may be waiting for this very switch (a second failed batch
+            # wants _switch_lock in _degrade_and_rerun): hand over in the background so the
+            # two never wait on each other.
+            task = asyncio.create_task(self._retire(old_batcher, retired), name="retire")
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, batcher: Batcher[_Job] | None, engine: Engine | None) -> None:
+        """Move frames still queued on a replaced batcher over, then close its engine."""
+        if batcher is not None:
+            for job in await batcher.stop():
+                if self._batcher is not None:
+                    self._batcher.submit((job.frame.shape[0], job.frame.shape[1]), job)
+        if engine is not None:
+            await engine.close()
 
     async def warm_up(self, engine: Engine) -> list[tuple[int, ...]]:
         """Run every warm-up shape once so the first real frame pays no first-run cost."""
-        shapes = {tuple(s) for s in self.config.engine.warmup_shapes}
         lim = self.spec.limits
-        shapes = {choose_input_shape(w, h, lim) for h, w in shapes} or {
-            choose_input_shape(lim.target, lim.target, lim)
-        }
+        shapes = sorted(
+            {choose_input_shape(w, h, lim) for h, w in self.config.engine.warmup_shapes}
+            or {choose_input_shape(lim.target, lim.target, lim)}
+        )
+        await engine.prepare(shapes)
         out_shapes: list[tuple[int, ...]] = []
-        for h, w in sorted(shapes):
+        for h, w in shapes:
             frame = np.full((h, w, 3), self.spec.pad_value, np.uint8)
             outputs = await engine.infer([frame])
             out_shapes = [tuple(o.shape) for o in outputs]
@@ -177,6 +205,8 @@ class InferenceService:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
         if self._batcher is not None:
             for job in await self._batcher.stop():
                 if not job.future.done():
@@ -196,7 +226,14 @@ class InferenceService:
             except EngineError as e:
                 self.status.reason = f"{kind} retry failed: {e}"
                 return False
-            await self._activate(engine)
+            try:
+                await self._activate(engine)
+            except EngineError as e:
+                # Warm-up failed (the engine went away again between load and warm-up):
+                # stay on the current engine and keep retrying, never kill the retry loop.
+                await engine.close()
+                self.status.reason = f"{kind} retry failed during warm-up: {e}"
+                return False
             self.status.degraded, self.status.reason = False, None
             return True
 

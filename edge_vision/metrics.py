@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -49,6 +51,8 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # Children looked up once: .labels() per frame and stage costs a lock and a dict.
+        self._stage_children = {s: self.stage_seconds.labels(s) for s in STAGES}
         self.batch_size = Histogram(
             p + "batch_size",
             "Frames per engine batch",
@@ -91,10 +95,10 @@ class Metrics:
         )
 
     def observe_timing(self, timing: dict[str, float]) -> None:
-        for stage in STAGES:
+        for stage, child in self._stage_children.items():
             v = timing.get(stage + "_ms")
             if v is not None:
-                self.stage_seconds.labels(stage).observe(v / 1000.0)
+                child.observe(v / 1000.0)
 
     def observe_batch(self, size: int, infer_s: float, wait_s: float) -> None:
         self.batch_size.observe(size)
@@ -108,3 +112,85 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class TritonMetrics:
+    """The Triton engine's metrics (``engines/triton.py``), registered once per app registry.
+
+    Client side: the round trip of every request. Server side: Triton's per-model
+    statistics (``ModelStatistics`` of the KServe v2 statistics extension: cumulative
+    nanoseconds in queue and in compute, request/inference/execution counts), read every
+    ``engine.triton.stats_interval_s`` and added as deltas, so they are ordinary counters.
+    They cover every client of that Triton model, not only this node.
+    """
+
+    PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = "edge_vision_triton_"
+        r = registry
+        self.request_seconds = Histogram(
+            p + "request_seconds",
+            "Round trip of one inference request to Triton (send, queue, compute, receive)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.request_failures = Counter(
+            p + "request_failures",
+            "Inference requests to Triton that failed, by gRPC status",
+            ["status"],
+            registry=r,
+        )
+        self.server_seconds = Counter(
+            p + "server_seconds",
+            "Time Triton spent on this model's successful requests, by phase (all clients)",
+            ["phase"],
+            registry=r,
+        )
+        self.server_requests = Counter(
+            p + "server_requests", "Successful requests Triton served for the model", registry=r
+        )
+        self.server_inferences = Counter(
+            p + "server_inferences",
+            "Frames Triton inferred for the model (a batch of 4 counts 4)",
+            registry=r,
+        )
+        self.server_executions = Counter(
+            p + "server_executions",
+            "Model executions; inferences / executions is the batch size Triton ran",
+            registry=r,
+        )
+        self._last: dict[str, int] | None = None
+
+    def observe_server_statistics(self, totals: dict[str, int]) -> None:
+        """Add the growth of Triton's cumulative counters since the previous reading.
+
+        ``totals`` holds ``requests``, ``inferences``, ``executions`` and ``<phase>_ns``.
+        The first reading only sets the baseline; a counter that went down means Triton
+        restarted, and then its whole new value is growth.
+        """
+        last, self._last = self._last, dict(totals)
+        if last is None:
+            return
+
+        def grown(key: str) -> int:
+            now, before = totals.get(key, 0), last.get(key, 0)
+            return now - before if now >= before else now
+
+        self.server_requests.inc(grown("requests"))
+        self.server_inferences.inc(grown("inferences"))
+        self.server_executions.inc(grown("executions"))
+        for phase in self.PHASES:
+            self.server_seconds.labels(phase).inc(grown(phase + "_ns") / 1e9)
+
+
+_TRITON_METRICS: weakref.WeakKeyDictionary[Metrics, TritonMetrics] = weakref.WeakKeyDictionary()
+
+
+def triton_metrics(metrics: Metrics) -> TritonMetrics:
+    """The app's :class:`TritonMetrics`; created on first use, then shared by every Triton
+    engine the app loads (a retry after a degrade makes a new engine, not new metrics)."""
+    found = _TRITON_METRICS.get(metrics)
+    if found is None:
+        found = _TRITON_METRICS[metrics] = TritonMetrics(metrics.registry)
+    return found

@@ -71,6 +71,7 @@ class ModelSpec:
     labels: tuple[str, ...]
     head: str | None  # None: pick from output shapes after the first inference
     metadata: dict[str, str] = field(default_factory=dict)
+    batch_limit: int | None = None  # the ONNX input's static batch size, if it has one
 
     def label(self, cls: int) -> str:
         return self.labels[cls] if 0 <= cls < len(self.labels) else f"class_{cls}"
@@ -174,4 +175,5 @@ def load_model_spec(cfg: ModelConfig, max_batch: int) -> ModelSpec:
         labels=labels,
         head=head,
         metadata=meta,
+        batch_limit=batch,
     )

@@ -20,7 +20,14 @@ import numpy as np
 import numpy.typing as npt
 
 from .config import Config
-from .decode import BufferPool, Decoder, ImageHeader, decode_image, pick_decoder
+from .decode import (
+    BufferPool,
+    Decoder,
+    ImageHeader,
+    decode_image,
+    numpy_allocator,
+    pick_decoder,
+)
 from .errors import ClientError
 from .infer import BatchInfo, InferenceService
 from .post import Head, filter_classes, make_head
@@ -81,6 +88,11 @@ class FramePipeline:
             worker_count(config.decode.workers), thread_name_prefix="frame"
         )
         self._head: Head | None = None
+        # Frames land in pinned memory while a CUDA engine is active, so its H2D copies
+        # are truly asynchronous; plain numpy memory otherwise.
+        service.on_engine_change(
+            lambda engine: self.pool.set_allocator(engine.host_allocator() or numpy_allocator)
+        )
 
     @property
     def head(self) -> Head:

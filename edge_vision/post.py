@@ -98,7 +98,7 @@ class DbnetHead:
         prob = np.asarray(outputs[0], dtype=np.float32).reshape(outputs[0].shape[-2:])
         # Only the letterboxed frame, not the padding, can hold text.
         region = prob[lb.pad_y : lb.pad_y + lb.new_h, lb.pad_x : lb.pad_x + lb.new_w]
-        bitmap = (region > self.bin_threshold).astype(np.uint8)
+        bitmap = np.greater(region, self.bin_threshold).view(np.uint8)  # bool -> 0/1, no copy
         contours, _ = cv2.findContours(bitmap, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
         rows: list[tuple[float, float, float, float, float]] = []
         h, w = region.shape

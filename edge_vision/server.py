@@ -29,7 +29,7 @@ from . import reply
 from .aio import with_timeout
 from .config import Config
 from .connection import Connection, ConnectionContext, ConnectionDone
-from .errors import EdgeVisionError
+from .errors import ConfigError, EdgeVisionError
 from .infer import InferenceService
 from .metrics import Metrics
 from .models import ModelSpec, load_model_spec
@@ -94,11 +94,7 @@ async def readyz(request: web.Request) -> web.Response:
         "ready": unhealthy is None and not app[STATE].get("stopping", False),
         "engine_problem": unhealthy,
         "engine": _engine_json(service),
-        "state": {
-            "store": keeper.store.kind,
-            "degraded": keeper.degraded,
-            "error": keeper.last_error,
-        },
+        "state": keeper.status(),  # degraded state never makes the node unready
         "connections": len(app[CONNECTIONS]),
         "node": app[NODE]["id"],
     }
@@ -156,7 +152,10 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
     session: Session | None = None
     resumed = False
     token = request.query.get("resume")
+    # Reported by the proxy in front (deploy/nginx); shown to admins, trusted for nothing.
+    forwarded_for = request.headers.get("X-Forwarded-For", "")
     if token:
+        # Claims the session in the state store, so it is this node's from here on.
         session = await keeper.find_resumable(token)
         resumed = session is not None
         if session is not None and session.id in app[CONNECTIONS]:
@@ -169,9 +168,11 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
             cfg.model.confidence,
             request.remote or "",
             request.headers.get("User-Agent", ""),
+            forwarded_for,
         )
     else:
         session.client = request.remote or session.client
+        session.forwarded_for = forwarded_for[:256]
     if mode_q in ("latest", "every"):
         session.mode = mode_q  # type: ignore[assignment]
 
@@ -262,6 +263,9 @@ async def _on_shutdown(app: web.Application) -> None:
         await with_timeout(asyncio.gather(*(c.wait_idle() for c in conns)), grace)
     except TimeoutError:
         log.warning("frames still in flight after %.1f s; closing anyway", grace)
+    # Sessions are written as released before the sockets close, so a client that
+    # resumes on another node at once finds its latest settings and counters there.
+    await app[KEEPER].hand_over()
     for c in conns:
         try:
             await c.send(reply.closing(c.session.resume_token))
@@ -302,15 +306,29 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
             "heartbeat": repr(time.time()),
             "connections": str(len(app[CONNECTIONS])),
             "in_flight": str(service.in_flight),
+            "max_connections": str(config.server.max_connections),
             "protocol": str(PROTOCOL_VERSION),
         }
 
+    closing: set[asyncio.Task[None]] = set()
+
+    def superseded(session_id: str) -> None:
+        """A newer connection resumed this session on another node: close ours (1008)."""
+        conn = app[CONNECTIONS].pop(session_id, None)
+        if conn is not None:
+            task = asyncio.create_task(
+                conn.close(WSCloseCode.POLICY_VIOLATION, "session resumed elsewhere", "superseded")
+            )
+            closing.add(task)  # keep a reference until it is done
+            task.add_done_callback(closing.discard)
+
     keeper = StateKeeper(
-        create_store(config.state.redis_url, config.state.op_timeout_s),
+        create_store(config.state),
         config.state,
         node_id,
         node_record,
         metrics,
+        on_superseded=superseded,
     )
     app[KEEPER] = keeper
     app[CONNECTION_CTX] = ConnectionContext(config, pipeline, metrics, keeper, spec.label)
@@ -331,7 +349,20 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
 
 
 def run_server(config: Config) -> None:
-    """Serve until SIGINT/SIGTERM; tells systemd READY=1 after warm-up when under a unit."""
+    """Serve until SIGINT/SIGTERM; tells systemd READY=1 after warm-up when under a unit.
+
+    With ``server.workers`` > 1, that many processes share the port (SO_REUSEPORT), each
+    with its own event loop and engine; the parent tells systemd READY=1 once all are
+    warm and forwards signals to them."""
+    from . import systemd
+
+    if config.server.workers > 1:
+        _run_workers(config)
+        return
+    _serve_until_signalled(config, reuse_port=False, on_ready=lambda: systemd.notify("READY=1"))
+
+
+def _serve_until_signalled(config: Config, reuse_port: bool, on_ready: Any) -> None:
     from . import systemd
 
     app = create_app(config)
@@ -339,7 +370,7 @@ def run_server(config: Config) -> None:
     async def _notify_when_ready(app: web.Application) -> AsyncIterator[None]:
         async def watch() -> None:
             await app[STARTUP]
-            systemd.notify("READY=1")
+            on_ready()
             log.info("ready on http://%s:%s", config.server.host, config.server.port)
             interval = systemd.watchdog_interval_s()
             while interval:
@@ -361,4 +392,54 @@ def run_server(config: Config) -> None:
         print=None,
         shutdown_timeout=config.server.shutdown_grace_s + 2,
         access_log=None,
+        reuse_port=reuse_port,
     )
+
+
+def _worker_main(config_json: str, index: int, ready: Any) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s %(levelname)s w{index} %(name)s: %(message)s"
+    )
+    config = Config.model_validate_json(config_json)
+    if config.state.node_id:
+        config.state.node_id = f"{config.state.node_id}-w{index}"
+    _serve_until_signalled(config, reuse_port=True, on_ready=ready.set)
+
+
+def _run_workers(config: Config) -> None:
+    import multiprocessing as mp
+    import signal
+
+    from . import systemd
+
+    if config.server.port == 0:
+        raise ConfigError("server.workers > 1 needs a fixed server.port: the workers share it")
+    ctx = mp.get_context("spawn")
+    events = [ctx.Event() for _ in range(config.server.workers)]
+    procs = [
+        ctx.Process(target=_worker_main, args=(config.model_dump_json(), i, ev), name=f"w{i}")
+        for i, ev in enumerate(events)
+    ]
+    for p in procs:
+        p.start()
+
+    def forward(signum: int, _frame: Any) -> None:
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                os.kill(p.pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    ready_sent = False
+    while any(p.is_alive() for p in procs):
+        if not ready_sent and all(e.is_set() for e in events):
+            systemd.notify("READY=1")
+            log.info("%d workers ready on port %s", len(procs), config.server.port)
+            ready_sent = True
+        if any(p.exitcode not in (None, 0) for p in procs):
+            forward(signal.SIGTERM, None)  # one worker died: stop all, let systemd restart
+        for p in procs:
+            p.join(timeout=0.5)
+    systemd.notify("STOPPING=1")
+    if any(p.exitcode for p in procs):
+        raise SystemExit(1)

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +13,8 @@ from blockbuster import BlockBuster, blockbuster_ctx
 from edge_vision.config import ModelConfig
 from edge_vision.models import ModelSpec, load_model_spec
 
-from .support.server import RunningServer, running_server, test_config
-from .support.timing import T
+from .support.redis_server import RedisServer
+from .support.server import RunningServer, make_config, running_server
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +46,7 @@ def no_blocking_calls_on_loop(request: pytest.FixtureRequest) -> Iterator[BlockB
 
 @pytest.fixture
 async def server(spec: ModelSpec) -> AsyncIterator[RunningServer]:
-    async with running_server(test_config(), spec) as srv:
+    async with running_server(make_config(), spec) as srv:
         yield srv
 
 
@@ -65,74 +61,36 @@ async def server_factory(spec: ModelSpec) -> AsyncIterator[Any]:
             overrides: dict[str, Any] | None = None, model_spec: ModelSpec | None = None
         ) -> RunningServer:
             return await stack.enter_async_context(
-                running_server(test_config(overrides), model_spec or spec)
+                running_server(make_config(overrides), model_spec or spec)
             )
 
         yield make
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisServer:
-    """A real redis-server on a free loopback port, nothing persisted."""
-
-    def __init__(self, workdir: Path) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise RuntimeError("redis-server is not installed; scripts/test installs it")
-        self.exe = exe
-        self.workdir = workdir
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                self.exe,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + T(10)
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
-                    c.sendall(b"PING\r\n")
-                    if c.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    srv = RedisServer(tmp_path)
-    srv.start()
+    """A real redis-server on a free loopback port (tests/support/redis_server.py)."""
+    srv = RedisServer(tmp_path).start()
     try:
         yield srv
     finally:
-        srv.kill()
+        srv.close()
+
+
+@pytest.fixture
+def redis_factory(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """More redis-servers: ``redis_factory(unix_socket=True)``, ``(tls=True, password=...)``."""
+    started: list[RedisServer] = []
+
+    def make(**options: Any) -> RedisServer:
+        workdir = tmp_path / f"redis{len(started)}"
+        workdir.mkdir()
+        srv = RedisServer(workdir, **options)
+        started.append(srv)
+        return srv.start()
+
+    try:
+        yield make
+    finally:
+        for srv in started:
+            srv.close()

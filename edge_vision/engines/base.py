@@ -44,11 +44,16 @@ class Engine(ABC):
 
     @property
     def max_batch(self) -> int:
-        return self.spec.max_batch
+        """engine.max_batch, or less when the model's batch dimension is static."""
+        configured = self.config.engine.max_batch
+        return min(configured, self.spec.batch_limit or configured)
 
     @property
     def max_in_flight(self) -> int:
         return self.config.engine.in_flight
+
+    async def prepare(self, shapes: Sequence[tuple[int, int]]) -> None:  # noqa: B027
+        """Before warm-up: build what each (H, W) input shape needs (CUDA graphs...)."""
 
     def bind_metrics(self, metrics: Metrics) -> None:  # noqa: B027 - optional hook
         """Engines with metrics of their own (Triton's queue/compute times) register here."""

@@ -32,7 +32,7 @@ TEST_OVERRIDES: dict[str, Any] = {
 }
 
 
-def test_config(overrides: Mapping[str, Any] | None = None) -> Config:
+def make_config(overrides: Mapping[str, Any] | None = None) -> Config:
     """A validated Config: defaults < TEST_OVERRIDES < ``overrides`` (nested dicts)."""
     tree: dict[str, Any] = {k: dict(v) for k, v in TEST_OVERRIDES.items()}
     for section, values in (overrides or {}).items():
@@ -121,8 +121,14 @@ class ServerProcess:
         return f"ws://127.0.0.1:{self.port}/ws"
 
     def start(self) -> ServerProcess:
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(self.args, env=self.env, stdout=out, stderr=out)
+        """Start the child (blocking: from async code call it through asyncio.to_thread)."""
+        if self.log_path is None:
+            self.proc = subprocess.Popen(
+                self.args, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            return self
+        with open(self.log_path, "ab") as out:  # the child keeps its own copy of the fd
+            self.proc = subprocess.Popen(self.args, env=self.env, stdout=out, stderr=out)
         return self
 
     async def wait_ready(self, timeout: float = 60) -> None:

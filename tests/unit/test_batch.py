@@ -1,0 +1,71 @@
+"""Batch planning: same-shape frames together, bounded waits, no head-of-line blocking."""
+
+from __future__ import annotations
+
+import asyncio
+
+from edge_vision.batch import Batcher, BatchPlanner, ReadyBatch
+
+A, B = (384, 640), (480, 640)
+
+
+def test_full_bucket_is_ready_at_once() -> None:
+    p: BatchPlanner[str] = BatchPlanner(max_batch=2, window_s=1.0)
+    p.add(A, "a1", 0.0)
+    assert p.pop_ready(0.0) is None
+    p.add(A, "a2", 0.0)
+    batch = p.pop_ready(0.0)
+    assert batch is not None and batch.items == ["a1", "a2"] and batch.shape == A
+
+
+def test_window_bounds_the_wait_of_a_lonely_frame() -> None:
+    p: BatchPlanner[str] = BatchPlanner(max_batch=8, window_s=0.005)
+    p.add(A, "a1", 1.0)
+    assert p.next_deadline() == 1.005
+    assert p.pop_ready(1.004) is None
+    batch = p.pop_ready(1.005)
+    assert batch is not None and batch.items == ["a1"]
+
+
+def test_other_shapes_are_not_held_up_and_oldest_goes_first() -> None:
+    p: BatchPlanner[str] = BatchPlanner(max_batch=4, window_s=0.01)
+    p.add(B, "b1", 0.000)
+    p.add(A, "a1", 0.001)
+    p.add(A, "a2", 0.002)
+    first = p.pop_ready(1.0)
+    second = p.pop_ready(1.0)
+    assert first is not None and first.items == ["b1"]
+    assert second is not None and second.items == ["a1", "a2"]
+    assert len(p) == 0
+
+
+def test_batches_never_exceed_max_batch() -> None:
+    p: BatchPlanner[int] = BatchPlanner(max_batch=3, window_s=0.0)
+    for i in range(7):
+        p.add(A, i, 0.0)
+    sizes = []
+    while (b := p.pop_ready(0.0)) is not None:
+        sizes.append(len(b.items))
+    assert sizes == [3, 3, 1]
+
+
+async def test_batcher_groups_frames_submitted_while_the_engine_is_busy() -> None:
+    seen: list[list[int]] = []
+    gate = asyncio.Event()
+
+    async def run(batch: ReadyBatch[int]) -> None:
+        seen.append(batch.items)
+        if len(seen) == 1:
+            await gate.wait()  # the first batch keeps the only engine slot busy
+
+    batcher: Batcher[int] = Batcher(run, max_batch=4, window_s=0.0, max_in_flight=1)
+    batcher.start()
+    batcher.submit(A, 0)
+    await asyncio.sleep(0.01)
+    for i in range(1, 6):
+        batcher.submit(A, i)
+    await asyncio.sleep(0.01)
+    gate.set()
+    await asyncio.sleep(0.02)
+    await batcher.stop()
+    assert seen == [[0], [1, 2, 3, 4], [5]]

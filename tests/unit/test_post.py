@@ -1,0 +1,114 @@
+"""Model heads on literal outputs: one (N, 6) contract in frame pixels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_vision.errors import ModelError
+from edge_vision.post import (
+    DbnetHead,
+    EfficientNmsHead,
+    EndToEndHead,
+    YoloV5Head,
+    YoloV8Head,
+    batched_nms,
+    filter_classes,
+    nms,
+    pick_head_name,
+)
+from edge_vision.shape import plan_letterbox
+
+# A 1280x720 frame letterboxed into 640x384: scale 0.5, 12 px top padding.
+LB = plan_letterbox(1280, 720, 384, 640)
+
+
+def test_nms_suppresses_overlaps_and_keeps_best_first() -> None:
+    boxes = np.array([[0, 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60]], np.float32)
+    scores = np.array([0.8, 0.9, 0.7], np.float32)
+    assert nms(boxes, scores, 0.5).tolist() == [1, 2]
+
+
+def test_class_aware_nms_keeps_overlapping_boxes_of_other_classes() -> None:
+    boxes = np.array([[0, 0, 10, 10], [1, 1, 11, 11]], np.float32)
+    scores = np.array([0.8, 0.9], np.float32)
+    assert sorted(batched_nms(boxes, scores, np.array([0, 1], np.float32), 0.5).tolist()) == [0, 1]
+
+
+def test_dbnet_finds_a_text_blob_and_maps_it_to_frame_pixels() -> None:
+    prob = np.zeros((1, 384, 640), np.float32)
+    prob[0, 112:132, 100:300] = 0.9  # a shrunk text kernel, input pixels
+    dets = DbnetHead(unclip_ratio=1.5).decode([prob], LB, confidence=0.5)
+    assert dets.shape == (1, 6) and dets[0, 5] == 0
+    x1, y1, x2, y2, score = dets[0, :5]
+    assert score == pytest.approx(0.9, abs=0.02)
+    # kernel in frame pixels: x 200..600, y 200..240; unclip grows it by a few px per side
+    assert 170 < x1 < 200 and 600 < x2 < 630 and 170 < y1 < 200 and 240 < y2 < 270
+
+
+def test_dbnet_ignores_weak_blobs_and_padding() -> None:
+    prob = np.zeros((1, 384, 640), np.float32)
+    prob[0, 100:120, 100:300] = 0.4  # above binarisation, below the box score threshold
+    prob[0, 0:10, 0:640] = 0.99  # inside the letterbox padding
+    assert len(DbnetHead().decode([prob], LB, confidence=0.5)) == 0
+
+
+def test_yolo_v8_raw_output() -> None:
+    a = 3
+    pred = np.zeros((4 + 2, a), np.float32)
+    pred[:4, 0] = [320, 192, 100, 50]  # cx, cy, w, h in input pixels
+    pred[4:, 0] = [0.1, 0.8]  # class 1
+    pred[:4, 1] = [322, 194, 100, 50]  # duplicate, lower score
+    pred[4:, 1] = [0.05, 0.6]
+    pred[4:, 2] = [0.2, 0.1]  # below threshold
+    dets = YoloV8Head().decode([pred], LB, confidence=0.25)
+    assert dets.shape == (1, 6)
+    np.testing.assert_allclose(dets[0], [540, 310, 740, 410, 0.8, 1], atol=1e-4)
+
+
+def test_yolo_v5_raw_output_uses_objectness() -> None:
+    pred = np.array(
+        [[320, 192, 100, 50, 0.5, 0.9, 0.1], [320, 192, 100, 50, 0.2, 0.9, 0.9]], np.float32
+    )
+    dets = YoloV5Head().decode([pred], LB, confidence=0.3)
+    assert dets.shape == (1, 6)
+    assert dets[0, 4] == pytest.approx(0.45) and dets[0, 5] == 0
+
+
+def test_end_to_end_and_efficient_nms_outputs() -> None:
+    e2e = np.array([[270, 162, 370, 212, 0.9, 3], [0, 0, 1, 1, 0.1, 0]], np.float32)
+    dets = EndToEndHead().decode([e2e], LB, confidence=0.5)
+    np.testing.assert_allclose(dets, [[540, 300, 740, 400, 0.9, 3]])
+    outs = [
+        np.array([1]),
+        np.array([[270, 162, 370, 212], [0, 0, 0, 0]], np.float32),
+        np.array([0.7, 0.0], np.float32),
+        np.array([2, 0], np.float32),
+    ]
+    dets = EfficientNmsHead().decode(outs, LB, confidence=0.5)
+    np.testing.assert_allclose(dets, [[540, 300, 740, 400, 0.7, 2]])
+
+
+@pytest.mark.parametrize(
+    ("shapes", "head"),
+    [
+        ([(1, 1, 384, 640)], "dbnet"),
+        ([(1, 84, 5040)], "yolo_v8"),
+        ([(1, 25200, 85)], "yolo_v5"),
+        ([(1, 300, 6)], "end_to_end"),
+        ([(1, 1), (1, 100, 4), (1, 100), (1, 100)], "efficient_nms"),
+    ],
+)
+def test_head_is_picked_from_output_shapes(shapes: list[tuple[int, ...]], head: str) -> None:
+    assert pick_head_name(shapes) == head
+
+
+def test_unknown_outputs_name_the_config_key() -> None:
+    with pytest.raises(ModelError, match=r"model\.head"):
+        pick_head_name([(1, 2, 3, 4, 5)])
+
+
+def test_class_filter() -> None:
+    dets = np.array([[0, 0, 1, 1, 0.9, 0], [0, 0, 1, 1, 0.8, 2]], np.float32)
+    assert filter_classes(dets, frozenset({2}))[:, 5].tolist() == [2]
+    assert len(filter_classes(dets, None)) == 2

@@ -1,0 +1,90 @@
+"""Input shape choice, letterbox geometry and exact mapping back to frame pixels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_vision.models import PRESETS
+from edge_vision.shape import (
+    InputLimits,
+    choose_input_shape,
+    letterbox_into,
+    normalise_into,
+    plan_for_frame,
+    plan_letterbox,
+)
+
+LIM = InputLimits(target=640, stride=32, min_side=32, max_side=1280)
+
+
+@pytest.mark.parametrize(
+    ("w", "h", "expected"),
+    [
+        (1920, 1080, (384, 640)),  # 16:9 runs at 640x384, not 640x640
+        (1280, 720, (384, 640)),
+        (640, 480, (480, 640)),
+        (1080, 1920, (640, 384)),  # portrait
+        (1000, 1000, (640, 640)),
+        (320, 240, (480, 640)),  # small frames are scaled up to the target
+        (4000, 100, (32, 640)),  # clamped to min_side
+    ],
+)
+def test_choose_input_shape(w: int, h: int, expected: tuple[int, int]) -> None:
+    assert choose_input_shape(w, h, LIM) == expected
+
+
+def test_shape_is_clamped_to_profile() -> None:
+    lim = InputLimits(target=2000, stride=32, min_side=64, max_side=960)
+    assert choose_input_shape(1920, 1080, lim) == (960, 960)
+
+
+def test_letterbox_centres_and_maps_boxes_back_exactly() -> None:
+    lb = plan_for_frame(1280, 720, LIM)
+    assert (lb.out_w, lb.out_h, lb.new_w, lb.new_h, lb.pad_x, lb.pad_y) == (
+        640,
+        384,
+        640,
+        360,
+        0,
+        12,
+    )
+    boxes = np.array([[0, 12, 640, 372, 0.9, 0], [320, 192, 330, 202, 0.5, 1]], np.float32)
+    lb.to_frame(boxes)
+    np.testing.assert_allclose(boxes[0, :4], [0, 0, 1280, 720])
+    np.testing.assert_allclose(boxes[1, :4], [640, 360, 660, 380])
+
+
+def test_boxes_are_clipped_to_the_frame() -> None:
+    lb = plan_letterbox(100, 50, 64, 128)
+    boxes = np.array([[-20, -20, 500, 500, 1, 0]], np.float32)
+    lb.to_frame(boxes)
+    np.testing.assert_allclose(boxes[0, :4], [0, 0, 100, 50])
+
+
+def test_letterbox_into_pads_with_the_pad_value() -> None:
+    src = np.full((360, 640, 3), 200, np.uint8)
+    lb = plan_letterbox(640, 360, 384, 640)
+    dst = np.zeros((384, 640, 3), np.uint8)
+    letterbox_into(src, lb, dst, pad_value=114)
+    assert (dst[:12] == 114).all() and (dst[-12:] == 114).all()
+    assert (dst[12:372] == 200).all()
+
+
+def test_letterbox_resizes_a_larger_source() -> None:
+    src = np.zeros((720, 1280, 3), np.uint8)
+    src[:, 640:] = 255  # right half white
+    lb = plan_letterbox(1280, 720, 384, 640)
+    dst = np.zeros((384, 640, 3), np.uint8)
+    letterbox_into(src, lb, dst, pad_value=0)
+    assert dst[192, 100].max() == 0 and dst[192, 500].min() == 255
+
+
+def test_normalise_ppocr_bgr_and_yolo_rgb() -> None:
+    frame = np.zeros((2, 2, 3), np.uint8)
+    frame[..., 0], frame[..., 1], frame[..., 2] = 0, 127, 255  # B, G, R
+    out = np.empty((1, 3, 2, 2), np.float32)
+    normalise_into(out, [frame], PRESETS["ppocr_det"][0])
+    np.testing.assert_allclose(out[0, :, 0, 0], [-1.0, (127 - 127.5) / 127.5, 1.0], atol=1e-6)
+    normalise_into(out, [frame], PRESETS["yolo"][0])
+    np.testing.assert_allclose(out[0, :, 0, 0], [1.0, 127 / 255, 0.0], rtol=1e-6)  # R, G, B
