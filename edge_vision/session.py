@@ -2,14 +2,22 @@
 
 A session outlives its WebSocket: a client that reconnects with the resume token from
 its ``hello`` (to this node or another that shares the state store) gets the same id,
-settings and counters back. The token is ``<session id>.<secret>``; the secret is kept in
-the state store and compared in constant time.
+settings and counters back (docs/protocol.md, "Connecting"; docs/state.md, "Resume").
+The token is ``<session id>.<secret>``; the secret is kept in the state store and
+compared in constant time.
+
+``epoch`` orders the holders of one session: it starts at 1 and grows by one each time a
+connection resumes the session. The state store refuses a write that carries an older
+epoch than the one it holds, so a node that lost a session to a newer connection (its
+own socket half-open, or its final write delayed by a Redis outage) can never overwrite
+the newer holder's record (docs/state.md, "Who wins").
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -19,6 +27,11 @@ from .pipeline import FrameSettings
 
 Mode = Literal["latest", "every"]
 COUNTERS = ("received", "answered", "dropped", "rejected")
+
+_SESSION_ID = re.compile(r"[0-9a-f]{16}")
+_SECRET = re.compile(r"[A-Za-z0-9_-]{16,64}")
+MAX_USER_AGENT = 256
+MAX_FORWARDED_FOR = 256
 
 
 @dataclass
@@ -30,8 +43,13 @@ class Session:
     confidence: float
     classes: list[int] | None = None
     client: str = ""
+    # What the proxy in front (nginx) says the client's address is: shown to admins as
+    # reported, never used for a decision, because any client can send the header.
+    forwarded_for: str = ""
     user_agent: str = ""
+    epoch: int = 1
     connected: bool = True
+    created_at: float = field(default_factory=time.time)
     connected_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.time)
     received: int = 0
@@ -54,17 +72,20 @@ class Session:
         return {c: getattr(self, c) for c in COUNTERS}
 
     def to_record(self) -> dict[str, str]:
-        """Flat string mapping, the shape a Redis hash holds."""
+        """Flat string mapping, the shape a Redis hash holds (field list: docs/state.md)."""
         return {
             "id": self.id,
             "secret": self.secret,
             "node": self.node_id,
+            "epoch": str(self.epoch),
             "mode": self.mode,
             "confidence": repr(self.confidence),
             "classes": json.dumps(self.classes),
             "client": self.client,
+            "forwarded_for": self.forwarded_for,
             "user_agent": self.user_agent,
             "connected": "1" if self.connected else "0",
+            "created_at": repr(self.created_at),
             "connected_at": repr(self.connected_at),
             "last_seen": repr(self.last_seen),
             **{c: str(getattr(self, c)) for c in COUNTERS},
@@ -72,36 +93,58 @@ class Session:
 
     @classmethod
     def from_record(cls, rec: dict[str, str]) -> Session:
-        mode: Mode = "every" if rec.get("mode") == "every" else "latest"
-        classes = json.loads(rec.get("classes") or "null")
-        return cls(
-            id=rec["id"],
-            secret=rec["secret"],
-            node_id=rec.get("node", ""),
-            mode=mode,
-            confidence=float(rec.get("confidence", "0.5")),
-            classes=[int(c) for c in classes] if isinstance(classes, list) else None,
-            client=rec.get("client", ""),
-            user_agent=rec.get("user_agent", ""),
-            connected=rec.get("connected") == "1",
-            connected_at=float(rec.get("connected_at", "0")),
-            last_seen=float(rec.get("last_seen", "0")),
-            **{c: int(rec.get(c, "0")) for c in COUNTERS},
-        )
+        """The inverse of :meth:`to_record`; ``ValueError`` when the record is unusable
+        (written by something else, or half-expired)."""
+        try:
+            mode: Mode = "every" if rec.get("mode") == "every" else "latest"
+            classes = json.loads(rec.get("classes") or "null")
+            connected_at = float(rec.get("connected_at", "0"))
+            return cls(
+                id=rec["id"],
+                secret=rec["secret"],
+                node_id=rec.get("node", ""),
+                mode=mode,
+                confidence=float(rec.get("confidence", "0.5")),
+                classes=[int(c) for c in classes] if isinstance(classes, list) else None,
+                client=rec.get("client", ""),
+                forwarded_for=rec.get("forwarded_for", ""),
+                user_agent=rec.get("user_agent", ""),
+                epoch=int(rec.get("epoch", "1")),
+                connected=rec.get("connected") == "1",
+                created_at=float(rec.get("created_at", connected_at)),
+                connected_at=connected_at,
+                last_seen=float(rec.get("last_seen", "0")),
+                **{c: int(rec.get(c, "0")) for c in COUNTERS},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a session record: {e}") from None
 
     def public(self) -> dict[str, Any]:
-        """What the admin API shows (never the secret)."""
-        rec: dict[str, Any] = {k: v for k, v in self.to_record().items() if k != "secret"}
-        rec.update(self.counters())
-        rec["classes"] = self.classes
-        rec["confidence"] = self.confidence
-        rec["connected"] = self.connected
-        rec["connected_at"] = self.connected_at
-        rec["last_seen"] = self.last_seen
-        return rec
+        """What the admin API shows (never the secret), with native JSON types."""
+        return {
+            "id": self.id,
+            "node": self.node_id,
+            "epoch": self.epoch,
+            **self.settings_dict(),
+            "client": self.client,
+            "forwarded_for": self.forwarded_for,
+            "user_agent": self.user_agent,
+            "connected": self.connected,
+            "created_at": self.created_at,
+            "connected_at": self.connected_at,
+            "last_seen": self.last_seen,
+            **self.counters(),
+        }
 
 
-def new_session(node_id: str, mode: Mode, confidence: float, client: str, agent: str) -> Session:
+def new_session(
+    node_id: str,
+    mode: Mode,
+    confidence: float,
+    client: str,
+    agent: str,
+    forwarded_for: str = "",
+) -> Session:
     return Session(
         id=secrets.token_hex(8),
         secret=secrets.token_urlsafe(18),
@@ -109,13 +152,18 @@ def new_session(node_id: str, mode: Mode, confidence: float, client: str, agent:
         mode=mode,
         confidence=confidence,
         client=client,
-        user_agent=agent[:256],
+        forwarded_for=forwarded_for[:MAX_FORWARDED_FOR],
+        user_agent=agent[:MAX_USER_AGENT],
     )
 
 
 def split_resume_token(token: str) -> tuple[str, str] | None:
+    """``(session id, secret)`` from a token this server could have issued, else None.
+
+    The id becomes part of a store key, so only the shape :func:`new_session` makes is
+    accepted."""
     sid, sep, secret = token.partition(".")
-    if not sep or not sid or not secret or len(token) > 256:
+    if not sep or not _SESSION_ID.fullmatch(sid) or not _SECRET.fullmatch(secret):
         return None
     return sid, secret
 
