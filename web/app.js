@@ -1,0 +1,563 @@
+// The overlay page: wires the source, the sender, the connection, the overlay and the
+// heads-up display to the controls. Protocol: docs/protocol.md.
+
+import { SessionConnection } from "./connection.js";
+import { Overlay } from "./overlay.js";
+import { PROTOCOL_VERSION, sameClasses, settingsMessage } from "./protocol.js";
+import { FrameSender } from "./sender.js";
+import { SourceManager } from "./source.js";
+import { RollingWindow, TimingWindow } from "./stats.js";
+
+const $ = (id) => document.getElementById(id);
+const PREFS_KEY = "edge-vision.overlay.prefs";
+const RATE_WINDOW_MS = 3000;
+const LATENCY_WINDOW_MS = 5000;
+
+const ui = {
+  connState: $("conn-state"),
+  stage: $("stage"),
+  video: $("video"),
+  image: $("image"),
+  overlay: $("overlay"),
+  hud: $("hud"),
+  banner: $("banner"),
+  pause: $("pause"),
+  snapshot: $("snapshot"),
+  reconnect: $("reconnect"),
+  sourceKind: $("source-kind"),
+  camera: $("camera"),
+  resolution: $("resolution"),
+  file: $("file"),
+  threshold: $("threshold"),
+  thresholdValue: $("threshold-value"),
+  classes: $("classes"),
+  serverSettings: $("server-settings"),
+  quality: $("quality"),
+  qualityValue: $("quality-value"),
+  maxFps: $("max-fps"),
+  sendSize: $("send-size"),
+  inFlight: $("in-flight"),
+  wire: $("wire"),
+  fit: $("fit"),
+  view: $("view"),
+  showHud: $("show-hud"),
+};
+
+// What the user asked for; re-sent after every (re)connection whose session differs.
+const wanted = { confidence: null, classes: null };
+const counters = { answered: 0, lost: 0, serverDropped: 0 };
+const windows = {
+  sent: new RollingWindow(RATE_WINDOW_MS),
+  answered: new RollingWindow(RATE_WINDOW_MS),
+  latency: new RollingWindow(LATENCY_WINDOW_MS),
+  timing: new TimingWindow(LATENCY_WINDOW_MS),
+};
+let labels = [];
+let limits = null;
+let hello = null;
+let lastFrame = null;
+let bannerTimer = null;
+
+const sources = new SourceManager(ui.video, ui.image);
+const connection = new SessionConnection(serverUrl(), {
+  onHello,
+  onMessage,
+  onState,
+  onClosed: () => sender.forgetPending(),
+});
+const sender = new FrameSender(connection, {
+  onSent: (frame) => {
+    windows.sent.push(frame.sentAt);
+    lastFrame = frame;
+  },
+  onLost: (n) => {
+    counters.lost += n;
+  },
+});
+const overlay = new Overlay(ui.overlay, () => sources.element);
+
+/** `/ws` on the page's own server; `?server=ws://host:port/ws` points elsewhere. */
+function serverUrl() {
+  const asked = new URLSearchParams(location.search).get("server");
+  if (asked) return asked;
+  const proto = location.protocol === "https:" ? "wss:" : "ws:";
+  return `${proto}//${location.host}/ws`;
+}
+
+// -- server messages ---------------------------------------------------------------------
+
+function onHello(msg) {
+  hello = msg;
+  if (msg.protocol !== PROTOCOL_VERSION) {
+    showBanner(
+      `The server speaks protocol ${msg.protocol}; this page was written for ${PROTOCOL_VERSION}.`,
+      "error",
+      0,
+      "protocol",
+    );
+  }
+  limits = msg.limits || null;
+  if (!sameLabels(labels, msg.labels || [])) {
+    labels = msg.labels || [];
+    buildClassFilter();
+  }
+  const model = limits ? `model input (${limits.input_size} px)` : "model input";
+  ui.sendSize.querySelector('option[value="model"]').textContent = model;
+  applySendOptions();
+  if (wanted.confidence === null) {
+    wanted.confidence = msg.settings.confidence;
+    ui.threshold.value = String(wanted.confidence);
+    showThreshold();
+  }
+  showServerSettings(msg.settings);
+  syncSettings(msg.settings);
+  hideBanner("connection");
+  sender.tick();
+}
+
+function onMessage(msg) {
+  const now = performance.now();
+  if (msg.type === "result") {
+    const frame = sender.answer(msg.id);
+    if (!frame) return; // from before a reconnect, or written off as lost
+    counters.answered += 1;
+    counters.serverDropped = msg.dropped ?? counters.serverDropped;
+    windows.answered.push(now);
+    windows.latency.push(now, now - frame.capturedAt);
+    windows.timing.push(now, msg.timing);
+    overlay.show(msg, frame, now);
+    requestRender();
+  } else if (msg.type === "error") {
+    if (msg.id !== undefined && msg.id !== null) {
+      const frame = sender.answer(msg.id);
+      if (frame) frame.picture.close();
+    }
+    showBanner(`server: ${msg.code}: ${msg.message}`, "error", 6000);
+  } else if (msg.type === "settings") {
+    showServerSettings(msg);
+  }
+}
+
+function onState(state) {
+  ui.connState.dataset.kind = state.kind;
+  let text = state.text;
+  if (state.kind === "waiting") {
+    const secs = Math.max(0, (state.retryAt - performance.now()) / 1000);
+    text = `${state.text} — retrying in ${secs.toFixed(1)} s`;
+  }
+  ui.connState.textContent = text;
+  $("hud-state").textContent =
+    state.kind === "waiting" ? `waiting to retry (attempt ${state.attempt})` : state.kind;
+  // Said on the picture too: that is where a technician looks when the boxes go away.
+  if (state.kind === "refused") showBanner(state.text, "error", 0, "connection");
+  else if (state.kind === "waiting") showBanner(`${state.text}; reconnecting…`, "info", 0, "connection");
+}
+
+// -- settings ----------------------------------------------------------------------------
+
+function syncSettings(server) {
+  if (!connection.isOpen || wanted.confidence === null) return;
+  if (server && server.confidence === wanted.confidence && sameClasses(server.classes, wanted.classes)) {
+    return;
+  }
+  connection.send(settingsMessage(wanted.confidence, wanted.classes));
+}
+
+function showServerSettings(s) {
+  const classes =
+    s.classes === null || s.classes === undefined
+      ? "all classes"
+      : s.classes.length
+        ? s.classes.map((c) => labels[c] ?? c).join(", ")
+        : "no classes";
+  ui.serverSettings.textContent = `server settings: score ≥ ${Number(s.confidence).toFixed(2)} · ${classes}`;
+  ui.serverSettings.dataset.confidence = String(s.confidence);
+}
+
+function buildClassFilter() {
+  const box = ui.classes;
+  box.replaceChildren();
+  const legend = document.createElement("legend");
+  legend.textContent = "Classes";
+  box.append(legend);
+  labels.forEach((name, index) => {
+    const label = document.createElement("label");
+    const input = document.createElement("input");
+    input.type = "checkbox";
+    input.value = String(index);
+    input.checked = wanted.classes === null || wanted.classes.includes(index);
+    input.addEventListener("change", onClassesChanged);
+    label.append(input, ` ${name}`);
+    box.append(label);
+  });
+  if (labels.length > 3) {
+    const row = document.createElement("div");
+    row.className = "buttons";
+    for (const [text, on] of [["All", true], ["None", false]]) {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.textContent = text;
+      b.addEventListener("click", () => {
+        for (const input of box.querySelectorAll("input")) input.checked = on;
+        onClassesChanged();
+      });
+      row.append(b);
+    }
+    box.append(row);
+  }
+}
+
+function onClassesChanged() {
+  const inputs = [...ui.classes.querySelectorAll("input[type=checkbox]")];
+  const chosen = inputs.filter((i) => i.checked).map((i) => Number(i.value));
+  wanted.classes = chosen.length === inputs.length ? null : chosen;
+  syncSettings(null);
+}
+
+function sameLabels(a, b) {
+  return a.length === b.length && a.every((v, i) => v === b[i]);
+}
+
+function showThreshold() {
+  ui.thresholdValue.textContent = Number(ui.threshold.value).toFixed(2);
+}
+
+// -- sending options, view, prefs ---------------------------------------------------------
+
+function applySendOptions() {
+  const size = ui.sendSize.value;
+  sender.options.maxSide = size === "model" ? (limits ? limits.input_size : 640) : Number(size);
+  sender.options.quality = Number(ui.quality.value);
+  sender.options.maxFps = clamp(Number(ui.maxFps.value) || 30, 1, 60);
+  sender.options.maxInFlight = Number(ui.inFlight.value);
+  sender.options.wire = ui.wire.value;
+  ui.qualityValue.textContent = Number(ui.quality.value).toFixed(2);
+  sender.tick();
+}
+
+function applyView() {
+  ui.stage.style.setProperty("--fit", ui.fit.value);
+  overlay.view = ui.view.value;
+  ui.hud.hidden = !ui.showHud.checked;
+  requestRender();
+}
+
+const PREF_FIELDS = ["resolution", "quality", "maxFps", "sendSize", "inFlight", "wire", "fit", "view"];
+
+function savePrefs() {
+  const prefs = { threshold: wanted.confidence, showHud: ui.showHud.checked };
+  for (const name of PREF_FIELDS) prefs[name] = ui[name].value;
+  try {
+    localStorage.setItem(PREFS_KEY, JSON.stringify(prefs));
+  } catch {
+    // storage disabled (private mode): preferences just do not persist
+  }
+}
+
+function loadPrefs() {
+  let prefs = null;
+  try {
+    prefs = JSON.parse(localStorage.getItem(PREFS_KEY) || "null");
+  } catch {
+    prefs = null;
+  }
+  if (!prefs || typeof prefs !== "object") return;
+  for (const name of PREF_FIELDS) {
+    if (typeof prefs[name] === "string") ui[name].value = prefs[name];
+  }
+  if (typeof prefs.showHud === "boolean") ui.showHud.checked = prefs.showHud;
+  if (typeof prefs.threshold === "number") {
+    wanted.confidence = prefs.threshold;
+    ui.threshold.value = String(prefs.threshold);
+  }
+}
+
+function clamp(v, lo, hi) {
+  return Math.min(hi, Math.max(lo, v));
+}
+
+// -- source ------------------------------------------------------------------------------
+
+async function startCamera() {
+  try {
+    const opened = await sources.openCamera(ui.camera.value, ui.resolution.value);
+    await fillCameraPicker(opened);
+    hideBanner("source");
+  } catch (e) {
+    showBanner(
+      `Camera unavailable (${e.name === "Error" ? e.message : e.name}). Choose a video or image file instead.`,
+      "error",
+      0,
+      "source",
+    );
+    ui.sourceKind.value = "file";
+    showSourceFields();
+  }
+  sender.setSource(sources.element);
+}
+
+async function fillCameraPicker(selected) {
+  const cameras = await sources.listCameras();
+  const options = [new Option("default", "")];
+  for (const cam of cameras) options.push(new Option(cam.label, cam.deviceId));
+  ui.camera.replaceChildren(...options);
+  ui.camera.value = cameras.some((c) => c.deviceId === selected) ? selected : "";
+}
+
+async function openChosenFile() {
+  const file = ui.file.files && ui.file.files[0];
+  if (!file) return;
+  try {
+    await sources.openFile(file);
+    hideBanner("source");
+  } catch (e) {
+    showBanner(`Cannot use ${file.name}: ${e.message}`, "error", 0, "source");
+  }
+  sender.setSource(sources.element);
+}
+
+function showSourceFields() {
+  const kind = ui.sourceKind.value;
+  for (const el of document.querySelectorAll("[data-for]")) el.hidden = el.dataset.for !== kind;
+}
+
+// -- pause, snapshot, banner --------------------------------------------------------------
+
+function setPaused(paused) {
+  sender.paused = paused;
+  overlay.frozen = paused;
+  sources.setPaused(paused);
+  ui.pause.setAttribute("aria-pressed", String(paused));
+  ui.pause.textContent = paused ? "Resume" : "Pause";
+  if (!paused) {
+    // Boxes kept while paused belong to the frozen picture; they start ageing again now.
+    if (overlay.current) overlay.current.receivedAt = performance.now();
+    sender.tick();
+  }
+  requestRender();
+}
+
+async function takeSnapshot() {
+  const blob = await overlay.snapshot();
+  if (!blob) {
+    showBanner("Nothing to snapshot yet", "info", 3000);
+    return;
+  }
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = `edge-vision-${new Date().toISOString().replace(/[:.]/g, "-")}.png`;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
+function showBanner(text, level = "info", hideAfterMs = 0, owner = "") {
+  ui.banner.textContent = text;
+  ui.banner.dataset.level = level;
+  ui.banner.dataset.owner = owner;
+  ui.banner.hidden = false;
+  clearTimeout(bannerTimer);
+  if (hideAfterMs) bannerTimer = setTimeout(() => (ui.banner.hidden = true), hideAfterMs);
+}
+
+function hideBanner(owner) {
+  if (ui.banner.dataset.owner === owner) ui.banner.hidden = true;
+}
+
+// -- drawing and the heads-up display ------------------------------------------------------
+
+let renderWanted = true;
+let wakeAt = 0;
+
+function requestRender() {
+  renderWanted = true;
+}
+
+function animate(now) {
+  if (renderWanted || now >= wakeAt) {
+    renderWanted = false;
+    wakeAt = now + overlay.render(now);
+  }
+  requestAnimationFrame(animate);
+}
+
+function fmt(v, digits = 0) {
+  return v === null || v === undefined || !Number.isFinite(v) ? "—" : v.toFixed(digits);
+}
+
+function setHud(id, text, data = {}) {
+  const el = $(id);
+  if (el.textContent !== text) el.textContent = text;
+  for (const [k, v] of Object.entries(data)) el.dataset[k] = String(v);
+}
+
+function updateHud() {
+  const now = performance.now();
+  const sentFps = windows.sent.rate(now);
+  const answeredFps = windows.answered.rate(now);
+  setHud("hud-sent-fps", fmt(sentFps, 1), { value: sentFps.toFixed(2) });
+  setHud("hud-answered-fps", fmt(answeredFps, 1), { value: answeredFps.toFixed(2) });
+  setHud("hud-answered", String(counters.answered), { value: counters.answered });
+  const p50 = windows.latency.percentile(50, now);
+  const p95 = windows.latency.percentile(95, now);
+  setHud(
+    "hud-latency",
+    p50 === null ? "—" : `p50 ${fmt(p50)} ms · p95 ${fmt(p95)} ms`,
+    { p50: p50 === null ? "" : p50.toFixed(1), p95: p95 === null ? "" : p95.toFixed(1) },
+  );
+  const t = (name) => windows.timing.mean(name, now);
+  setHud(
+    "hud-server",
+    t("server_ms") === null
+      ? "—"
+      : `total ${fmt(t("server_ms"))} ms · infer ${fmt(t("infer_ms"))} · decode ${fmt(t("decode_ms"), 1)}` +
+          ` · queue ${fmt(t("queue_ms"), 1)} · post ${fmt(t("post_ms"), 1)}`,
+  );
+  setHud(
+    "hud-dropped",
+    counters.lost ? `${counters.serverDropped} by server · ${counters.lost} lost` : `${counters.serverDropped}`,
+    { server: counters.serverDropped, lost: counters.lost },
+  );
+  setHud("hud-boxes", String(overlay.visibleBoxes), { value: overlay.visibleBoxes });
+  const el = sources.element;
+  const natW = el ? el.videoWidth || el.naturalWidth || 0 : 0;
+  const natH = el ? el.videoHeight || el.naturalHeight || 0 : 0;
+  setHud(
+    "hud-frame",
+    lastFrame
+      ? `${natW}×${natH} → ${lastFrame.width}×${lastFrame.height}, ${(lastFrame.bytes / 1024).toFixed(0)} KB`
+      : natW
+        ? `${natW}×${natH}`
+        : "no source",
+  );
+  if (hello) {
+    const e = hello.engine || {};
+    setHud("hud-engine", `${hello.model} · ${e.active || e.configured || "?"}${e.degraded ? " (degraded)" : ""}`);
+  }
+  // Boxes count as stale once results are clearly overdue for this link's pace.
+  overlay.staleAfterMs = Math.max(700, 2 * (p95 ?? 0));
+}
+
+// -- keyboard ----------------------------------------------------------------------------
+
+function onKey(e) {
+  if (e.ctrlKey || e.metaKey || e.altKey) return;
+  const tag = e.target && e.target.tagName;
+  if (tag === "INPUT" || tag === "SELECT" || tag === "TEXTAREA") return;
+  const key = e.key.toLowerCase();
+  if (key === "p" || (key === " " && tag !== "BUTTON")) {
+    e.preventDefault();
+    setPaused(!sender.paused);
+  } else if (key === "s") {
+    e.preventDefault();
+    takeSnapshot();
+  } else if (key === "h") {
+    ui.showHud.checked = !ui.showHud.checked;
+    applyView();
+    savePrefs();
+  } else if (key === "r") {
+    connection.reconnectNow();
+  }
+}
+
+// -- start -------------------------------------------------------------------------------
+
+function main() {
+  loadPrefs();
+  showThreshold();
+  showSourceFields();
+  applySendOptions();
+  applyView();
+
+  ui.threshold.addEventListener("input", showThreshold);
+  let thresholdTimer = null;
+  ui.threshold.addEventListener("change", () => {
+    wanted.confidence = Number(ui.threshold.value);
+    // Arrow keys fire one change per step: send the value the user settles on.
+    clearTimeout(thresholdTimer);
+    thresholdTimer = setTimeout(() => syncSettings(null), 120);
+    savePrefs();
+  });
+  for (const el of [ui.quality, ui.maxFps, ui.sendSize, ui.inFlight, ui.wire]) {
+    el.addEventListener("change", () => {
+      applySendOptions();
+      savePrefs();
+    });
+  }
+  ui.quality.addEventListener("input", applySendOptions);
+  for (const el of [ui.fit, ui.view, ui.showHud]) {
+    el.addEventListener("change", () => {
+      applyView();
+      savePrefs();
+    });
+  }
+  ui.sourceKind.addEventListener("change", () => {
+    showSourceFields();
+    if (ui.sourceKind.value === "camera") startCamera();
+    else if (ui.file.files && ui.file.files.length) openChosenFile();
+  });
+  ui.camera.addEventListener("change", startCamera);
+  ui.resolution.addEventListener("change", () => {
+    savePrefs();
+    startCamera();
+  });
+  ui.file.addEventListener("change", openChosenFile);
+  ui.pause.addEventListener("click", () => setPaused(!sender.paused));
+  ui.snapshot.addEventListener("click", takeSnapshot);
+  ui.reconnect.addEventListener("click", () => connection.reconnectNow());
+  document.addEventListener("keydown", onKey);
+
+  new ResizeObserver(requestRender).observe(ui.stage);
+  ui.video.addEventListener("resize", onPictureSize);
+  ui.video.addEventListener("loadedmetadata", onPictureSize);
+  ui.image.addEventListener("load", onPictureSize);
+  watchPixelRatio();
+  window.addEventListener("online", () => {
+    if (connection.state.kind === "waiting") connection.reconnectNow();
+  });
+  // A page that goes away ends its session (code 1000) instead of leaving it resumable.
+  window.addEventListener("pagehide", () => connection.stop());
+  window.addEventListener("pageshow", (e) => {
+    if (e.persisted) connection.start(); // back from the back/forward cache
+  });
+
+  requestAnimationFrame(animate);
+  updateHud();
+  setInterval(updateHud, 250);
+  connection.start();
+  if (sources.cameraAvailable) startCamera();
+  else {
+    ui.sourceKind.value = "file";
+    showSourceFields();
+    showBanner(
+      window.isSecureContext
+        ? "No camera access in this browser: choose a video or image file."
+        : "Camera access needs HTTPS or localhost: choose a video or image file, or open the page over HTTPS.",
+      "info",
+      0,
+      "source",
+    );
+  }
+}
+
+// The phone portrait layout sizes the stage to the picture's aspect ratio (style.css).
+function onPictureSize() {
+  const el = sources.element;
+  const w = el ? el.videoWidth || el.naturalWidth : 0;
+  const h = el ? el.videoHeight || el.naturalHeight : 0;
+  if (w && h) ui.stage.style.setProperty("--aspect", `${w} / ${h}`);
+  requestRender();
+}
+
+// Moving the window to a screen with another pixel density changes the backing size.
+function watchPixelRatio() {
+  const query = matchMedia(`(resolution: ${window.devicePixelRatio}dppx)`);
+  query.addEventListener("change", () => {
+    requestRender();
+    watchPixelRatio();
+  }, { once: true });
+}
+
+main();

@@ -1,0 +1,207 @@
+// Boxes on the overlay canvas, aligned with the media element whatever its size, aspect
+// ratio, object-fit and device pixel ratio; each result mapped from the pixels of the frame
+// it belongs to. Old boxes fade out when results stop coming instead of lingering.
+
+import { contentRect, frameToCanvas } from "./geometry.js";
+
+const LABEL_FONT_PX = 12;
+
+/** A distinct, saturated colour per class: hues spaced by the golden angle. */
+export function classColour(cls) {
+  const hue = (40 + cls * 137.508) % 360;
+  const [r, g, b] = hslToRgb(hue / 360, 0.95, 0.55);
+  return { css: `rgb(${r}, ${g}, ${b})`, ink: luminance(r, g, b) > 0.45 ? "#0b0b0b" : "#ffffff" };
+}
+
+function hslToRgb(h, s, l) {
+  const q = l < 0.5 ? l * (1 + s) : l + s - l * s;
+  const p = 2 * l - q;
+  const channel = (t) => {
+    const u = (t + 1) % 1;
+    if (u < 1 / 6) return p + (q - p) * 6 * u;
+    if (u < 1 / 2) return q;
+    if (u < 2 / 3) return p + (q - p) * (2 / 3 - u) * 6;
+    return p;
+  };
+  return [channel(h + 1 / 3), channel(h), channel(h - 1 / 3)].map((v) => Math.round(v * 255));
+}
+
+// Relative luminance, WCAG 2.x definition.
+function luminance(r, g, b) {
+  const lin = (c) => {
+    const v = c / 255;
+    return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+  };
+  return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
+}
+
+/**
+ * Draw detections with a dark halo under a coloured line and a filled label, so both read
+ * on any background.
+ * @param {CanvasRenderingContext2D} ctx
+ * @param {Array<{box: number[], score: number, class: number, label: string}>} detections
+ * @param {{box: (b: number[]) => number[]}} map frame pixels → canvas pixels
+ * @param {number} unit canvas pixels per CSS pixel (line widths and font scale with it)
+ */
+export function drawDetections(ctx, detections, map, unit) {
+  const font = `600 ${Math.round(LABEL_FONT_PX * unit)}px system-ui, -apple-system, sans-serif`;
+  ctx.font = font;
+  ctx.textBaseline = "middle";
+  ctx.lineJoin = "round";
+  const labelH = Math.round((LABEL_FONT_PX + 6) * unit);
+  const pad = Math.round(4 * unit);
+  for (const det of detections) {
+    const [x1, y1, x2, y2] = map.box(det.box);
+    const w = x2 - x1;
+    const h = y2 - y1;
+    const colour = classColour(det.class);
+    ctx.lineWidth = 4 * unit;
+    ctx.strokeStyle = "rgba(0, 0, 0, 0.7)";
+    ctx.strokeRect(x1, y1, w, h);
+    ctx.lineWidth = 2 * unit;
+    ctx.strokeStyle = colour.css;
+    ctx.strokeRect(x1, y1, w, h);
+
+    const text = `${det.label ?? det.class} ${Math.round(det.score * 100)}%`;
+    const textW = ctx.measureText(text).width + 2 * pad;
+    // Above the box when there is room, inside its top edge otherwise.
+    const ly = y1 - labelH >= 0 ? y1 - labelH : y1;
+    const lx = Math.min(Math.max(0, x1 - unit), Math.max(0, ctx.canvas.width - textW));
+    ctx.fillStyle = colour.css;
+    ctx.fillRect(lx, ly, textW, labelH);
+    ctx.fillStyle = colour.ink;
+    ctx.fillText(text, lx + pad, ly + labelH / 2);
+  }
+}
+
+export class Overlay {
+  /**
+   * @param {HTMLCanvasElement} canvas
+   * @param {() => (HTMLVideoElement | HTMLImageElement | null)} media the element shown
+   */
+  constructor(canvas, media) {
+    this.canvas = canvas;
+    this.ctx = canvas.getContext("2d");
+    this.media = media;
+    this.view = "live"; // "live": boxes over the live picture; "analysed": the frame they belong to
+    this.frozen = false; // paused: nothing fades while the picture stands still
+    this.staleAfterMs = 700;
+    this.fadeMs = 800;
+    this.current = null; // {result, frame, receivedAt}
+    this.visibleBoxes = 0;
+    this.mapping = null; // the last frame→canvas map, for tests and snapshots of the view
+  }
+
+  /** A result arrived for `frame` (the SentFrame it answers). */
+  show(result, frame, receivedAt) {
+    if (this.current && this.current.frame !== frame) this.current.frame.picture.close();
+    this.current = { result, frame, receivedAt };
+  }
+
+  clear() {
+    if (this.current) this.current.frame.picture.close();
+    this.current = null;
+  }
+
+  /** Opacity of the current boxes: 1 while fresh, fading to 0 after `staleAfterMs`. */
+  alpha(now) {
+    if (!this.current) return 0;
+    if (this.frozen) return 1;
+    const age = now - this.current.receivedAt;
+    if (age <= this.staleAfterMs) return 1;
+    return Math.max(0, 1 - (age - this.staleAfterMs) / this.fadeMs);
+  }
+
+  /** Redraw; returns how many ms until the drawing changes by itself (see _changesIn). */
+  render(now) {
+    const canvas = this.canvas;
+    const cssRect = canvas.getBoundingClientRect();
+    const dpr = window.devicePixelRatio || 1;
+    const wantW = Math.max(1, Math.round(cssRect.width * dpr));
+    const wantH = Math.max(1, Math.round(cssRect.height * dpr));
+    if (canvas.width !== wantW || canvas.height !== wantH) {
+      canvas.width = wantW;
+      canvas.height = wantH;
+    } else {
+      this.ctx.clearRect(0, 0, canvas.width, canvas.height);
+    }
+    this.visibleBoxes = 0;
+    this.mapping = null;
+    const media = this.media();
+    if (!media || !this.current || cssRect.width === 0) return Infinity;
+    const natW = media instanceof HTMLVideoElement ? media.videoWidth : media.naturalWidth;
+    const natH = media instanceof HTMLVideoElement ? media.videoHeight : media.naturalHeight;
+    const style = getComputedStyle(media);
+    const rect = contentRect(
+      media.clientWidth,
+      media.clientHeight,
+      natW,
+      natH,
+      style.objectFit,
+      style.objectPosition,
+    );
+    if (!rect) return Infinity;
+    const mediaBox = media.getBoundingClientRect();
+    // canvas pixels per CSS pixel, exact even when the backing size was rounded
+    const unit = canvas.width / cssRect.width;
+    const { result, frame } = this.current;
+    const offX = mediaBox.left - cssRect.left + media.clientLeft;
+    const offY = mediaBox.top - cssRect.top + media.clientTop;
+    const map = frameToCanvas(rect, result.width, result.height, unit, offX, offY);
+    this.mapping = { rect, unit, offX, offY, frameW: result.width, frameH: result.height };
+    const alpha = this.alpha(now);
+    const ctx = this.ctx;
+    if (this.view === "analysed") {
+      const tl = map.box([0, 0, result.width, result.height]);
+      ctx.drawImage(frame.picture, tl[0], tl[1], tl[2] - tl[0], tl[3] - tl[1]);
+    }
+    if (alpha > 0 && result.detections.length) {
+      ctx.save();
+      ctx.globalAlpha = alpha;
+      drawDetections(ctx, result.detections, map, unit);
+      ctx.restore();
+      this.visibleBoxes = result.detections.length;
+    }
+    return this._changesIn(now);
+  }
+
+  // How long until the drawing changes by itself (a fade starts or goes on): 0 means on the
+  // next animation frame, Infinity never.
+  _changesIn(now) {
+    if (!this.current || this.frozen || !this.current.result.detections.length) return Infinity;
+    const age = now - this.current.receivedAt;
+    if (age < this.staleAfterMs) return this.staleAfterMs - age;
+    return age < this.staleAfterMs + this.fadeMs ? 0 : Infinity;
+  }
+
+  /**
+   * The frame the current boxes belong to, at its full captured size, with those boxes,
+   * as a PNG; the live picture when no result has come back yet.
+   * @returns {Promise<Blob | null>}
+   */
+  async snapshot() {
+    const out = document.createElement("canvas");
+    const ctx = out.getContext("2d");
+    if (this.current) {
+      const { result, frame } = this.current;
+      out.width = frame.picture.width;
+      out.height = frame.picture.height;
+      ctx.drawImage(frame.picture, 0, 0);
+      const map = frameToCanvas(
+        { x: 0, y: 0, width: out.width, height: out.height },
+        result.width,
+        result.height,
+      );
+      drawDetections(ctx, result.detections, map, Math.max(1, out.width / 640));
+    } else {
+      const media = this.media();
+      if (!media) return null;
+      const picture = await createImageBitmap(media);
+      out.width = picture.width;
+      out.height = picture.height;
+      ctx.drawImage(picture, 0, 0);
+      picture.close();
+    }
+    return new Promise((resolve) => out.toBlob(resolve, "image/png"));
+  }
+}

@@ -1,0 +1,137 @@
+// Where frames come from: a camera (getUserMedia, Media Capture and Streams §9), a video
+// file played in a loop, or a still image. Each shows itself in the stage's <video> or
+// <img> element; the sender and the overlay read that element.
+
+export const RESOLUTIONS = {
+  auto: null,
+  "640x480": [640, 480],
+  "1280x720": [1280, 720],
+  "1920x1080": [1920, 1080],
+};
+
+export class SourceManager {
+  /**
+   * @param {HTMLVideoElement} video
+   * @param {HTMLImageElement} image
+   */
+  constructor(video, image) {
+    this.video = video;
+    this.image = image;
+    this.stream = null;
+    this.objectUrl = null;
+    this.kind = "none"; // "camera" | "video" | "image" | "none"
+  }
+
+  /** The element currently showing the source, or null. */
+  get element() {
+    if (this.kind === "image") return this.image;
+    if (this.kind === "camera" || this.kind === "video") return this.video;
+    return null;
+  }
+
+  get cameraAvailable() {
+    return Boolean(navigator.mediaDevices && navigator.mediaDevices.getUserMedia);
+  }
+
+  /** Cameras the browser lists; labels appear once camera permission is granted. */
+  async listCameras() {
+    if (!navigator.mediaDevices || !navigator.mediaDevices.enumerateDevices) return [];
+    const devices = await navigator.mediaDevices.enumerateDevices();
+    return devices
+      .filter((d) => d.kind === "videoinput")
+      .map((d, i) => ({ deviceId: d.deviceId, label: d.label || `camera ${i + 1}` }));
+  }
+
+  /**
+   * Start a camera. `deviceId` empty means the browser's choice; `resolution` a key of
+   * RESOLUTIONS, asked for as `ideal` so a camera that cannot do it still starts.
+   * @returns {Promise<string>} the deviceId actually opened
+   */
+  async openCamera(deviceId, resolution) {
+    if (!this.cameraAvailable) {
+      throw new Error(
+        window.isSecureContext
+          ? "this browser offers no camera access"
+          : "camera access needs HTTPS or localhost; open the page that way, or use a file",
+      );
+    }
+    const video = { facingMode: deviceId ? undefined : { ideal: "environment" } };
+    if (deviceId) video.deviceId = { exact: deviceId };
+    const size = RESOLUTIONS[resolution];
+    if (size) {
+      video.width = { ideal: size[0] };
+      video.height = { ideal: size[1] };
+    }
+    // Let go of the old camera first: many phones cannot open a second one alongside it.
+    this._release();
+    const stream = await navigator.mediaDevices.getUserMedia({ video, audio: false });
+    this.stream = stream;
+    this.kind = "camera";
+    this.image.hidden = true;
+    this.video.hidden = false;
+    this.video.loop = false;
+    this.video.srcObject = stream;
+    await this._play();
+    const track = stream.getVideoTracks()[0];
+    return (track && track.getSettings().deviceId) || deviceId || "";
+  }
+
+  /** A video file (looped) or an image file chosen by the user. */
+  async openFile(file) {
+    const url = URL.createObjectURL(file);
+    if (file.type.startsWith("image/")) {
+      await new Promise((resolve, reject) => {
+        this.image.onload = resolve;
+        this.image.onerror = () => reject(new Error(`cannot show ${file.name} as an image`));
+        this.image.src = url;
+      });
+      this._release();
+      this.objectUrl = url;
+      this.kind = "image";
+      this.video.hidden = true;
+      this.image.hidden = false;
+      return;
+    }
+    this._release();
+    this.objectUrl = url;
+    this.kind = "video";
+    this.image.hidden = true;
+    this.video.hidden = false;
+    this.video.srcObject = null;
+    this.video.loop = true;
+    this.video.src = url;
+    await this._play();
+  }
+
+  /** Freeze or resume the picture (camera and video; a still image has nothing to pause). */
+  setPaused(paused) {
+    if (this.kind !== "camera" && this.kind !== "video") return;
+    if (paused) this.video.pause();
+    else this._play().catch(() => {});
+  }
+
+  async _play() {
+    this.video.muted = true;
+    this.video.playsInline = true;
+    try {
+      await this.video.play();
+    } catch (e) {
+      // A newer source replaced this one before it started: not an error.
+      if (e.name !== "AbortError") throw e;
+    }
+  }
+
+  _release() {
+    if (this.stream) {
+      for (const track of this.stream.getTracks()) track.stop();
+      this.stream = null;
+    }
+    if (this.objectUrl) {
+      URL.revokeObjectURL(this.objectUrl);
+      this.objectUrl = null;
+    }
+    this.video.removeAttribute("src");
+    this.video.srcObject = null;
+    this.kind = "none";
+  }
+}
