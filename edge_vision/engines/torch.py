@@ -1,0 +1,336 @@
+"""torch engine: the ONNX graph through torch, with CUDA graphs and an in-flight pipeline.
+
+On a CUDA device each of ``engine.in_flight`` *slots* owns a CUDA stream (from the CUDA
+layer, :mod:`edge_vision.cuda`), an event, pinned host memory for outputs, and one captured
+CUDA graph per (batch bucket, H, W). A batch is::
+
+    letterboxed uint8 frames, already in pinned memory (the decode pool's allocator is
+    the CUDA layer's pinned allocator while this engine is active)
+    --H2D per frame (slot stream)--> graph replay
+       [uint8 NHWC -> normalised NCHW fp16 -> network -> fp32 outputs]
+    --D2H (slot stream)--> pinned outputs --event--> awaited without blocking the loop
+
+so batch k+1's copies run while batch k computes on another stream. Batch sizes are
+rounded up to power-of-two buckets (padding rows are ignored) to bound how many graphs
+are captured. This is the same buffer/stream/event path the TensorRT engine uses; it is
+how this project proves the CUDA pipeline on real GPUs where TensorRT is absent.
+
+On ``engine.torch.device: cpu`` it runs eagerly (no pinned memory, no graphs): slow, but
+it lets CI check the converter and engine against ONNX Runtime without a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..config import Config
+from ..cuda import CudaEvent, CudaRuntime, CudaStream, PinnedBuffer, open_runtime
+from ..decode import Allocator
+from ..errors import EngineError
+from ..models import ModelSpec
+from .base import Engine, U8Array
+
+log = logging.getLogger(__name__)
+
+
+def batch_bucket(n: int, max_batch: int) -> int:
+    """Smallest power of two >= n, capped at max_batch."""
+    b = 1
+    while b < n:
+        b *= 2
+    return min(b, max_batch)
+
+
+@dataclass
+class _Graph:
+    static_in: Any  # torch uint8 [B, H, W, 3] on the device
+    outputs: list[Any]  # torch fp32 outputs on the device
+    graph: Any | None  # torch.cuda.CUDAGraph, or None when eager
+
+
+@dataclass
+class _Slot:
+    index: int
+    stream: CudaStream
+    torch_stream: Any
+    event: CudaEvent
+    pinned_out: PinnedBuffer | None = None
+    graphs: dict[tuple[int, int, int], _Graph] = field(default_factory=dict)
+    pool: Any = None  # CUDA graph memory pool shared by this slot's graphs
+
+
+class TorchEngine(Engine):
+    kind = "torch"
+
+    def __init__(self, spec: ModelSpec, config: Config) -> None:
+        super().__init__(spec, config)
+        self.tcfg = config.engine.torch
+        self._torch: Any = None
+        self._module: Any = None
+        self._device: Any = None
+        self.runtime: CudaRuntime | None = None
+        self._slots: asyncio.Queue[_Slot] | None = None
+        self._all_slots: list[_Slot] = []
+        self._launcher: ThreadPoolExecutor | None = None
+        self._collector: ThreadPoolExecutor | None = None
+        self._scale: Any = None
+        self._shift: Any = None
+        self.graph_captures = 0
+        self.graph_fallbacks = 0
+
+    @property
+    def cuda(self) -> bool:
+        return self._device is not None and self._device.type == "cuda"
+
+    def host_allocator(self) -> Allocator | None:
+        return self.runtime.pinned_allocator if self.runtime is not None else None
+
+    # -- start ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._launcher = ThreadPoolExecutor(1, thread_name_prefix="torch-launch")
+        self._collector = ThreadPoolExecutor(2, thread_name_prefix="torch-collect")
+        # Importing torch reads hundreds of files: never on the event loop.
+        await asyncio.get_running_loop().run_in_executor(self._launcher, self._build)
+
+    def _build(self) -> None:
+        try:
+            import torch
+        except ImportError as e:
+            raise EngineError("engine 'torch' needs torch: pip install torch") from e
+        self._torch = torch
+        device = torch.device(self.tcfg.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise EngineError(
+                f"engine.torch.device is {self.tcfg.device} but CUDA is not available to torch"
+            )
+        self._device = device
+        from .onnx_torch import OnnxGraphModule
+
+        dtype = torch.float16 if (self.tcfg.fp16 and self.cuda) else torch.float32
+        if self.cuda and dtype == torch.float32:
+            # FP32 means FP32: cuDNN would otherwise run convolutions in TF32 on Ampere+.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
+        t0 = time.perf_counter()
+        module = OnnxGraphModule(self.spec.path, dtype=dtype).eval()
+        if self.cuda:
+            torch.cuda.set_device(self._device)
+        self._module = module.to(self._device)
+        norm = self.spec.normalisation
+        scale = torch.tensor([1.0 / s for s in norm.std], dtype=torch.float32)
+        shift = torch.tensor(
+            [-m / s for m, s in zip(norm.mean, norm.std, strict=True)], dtype=torch.float32
+        )
+        self._scale = scale.reshape(1, 3, 1, 1).to(self._device, dtype)
+        self._shift = shift.reshape(1, 3, 1, 1).to(self._device, dtype)
+        self._dtype = dtype
+        if self.cuda:
+            self.runtime = open_runtime(self.config.engine.cuda_backend, self._device.index or 0)
+            for i in range(self.max_in_flight):
+                stream = self.runtime.create_stream()
+                self._all_slots.append(
+                    _Slot(
+                        i,
+                        stream,
+                        self._torch.cuda.ExternalStream(stream.handle, device=self._device),
+                        self.runtime.create_event(),
+                        pool=torch.cuda.graph_pool_handle(),
+                    )
+                )
+        log.info(
+            "torch engine: %s on %s (%s) in %.1f s",
+            self.spec.name,
+            self._device,
+            dtype,
+            time.perf_counter() - t0,
+        )
+
+    async def prepare(self, shapes: Sequence[tuple[int, int]]) -> None:
+        """Capture CUDA graphs for every slot, batch bucket and warm-up shape, with progress."""
+        if not self.cuda or not self.tcfg.cuda_graphs:
+            return
+        buckets = sorted({batch_bucket(b, self.max_batch) for b in range(1, self.max_batch + 1)})
+        todo = [(s, b, h, w) for s in self._all_slots for b in buckets for h, w in shapes]
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        for i, (slot, b, h, w) in enumerate(todo, 1):
+            await loop.run_in_executor(self._launcher, self._graph_for, slot, b, h, w)
+            if i % max(1, len(todo) // 10) == 0 or i == len(todo):
+                log.info(
+                    "capturing CUDA graphs: %d/%d (%.1f s)", i, len(todo), time.perf_counter() - t0
+                )
+
+    # -- the graph of one bucket ----------------------------------------------------
+
+    def _forward(self, static_in: Any) -> list[Any]:
+        x = static_in.permute(0, 3, 1, 2)
+        if self.spec.normalisation.rgb:
+            x = x.flip(1)
+        x = x.to(self._dtype) * self._scale + self._shift
+        return [o.float() for o in self._module(x)]
+
+    def _graph_for(self, slot: _Slot, b: int, h: int, w: int) -> _Graph:
+        key = (b, h, w)
+        found = slot.graphs.get(key)
+        if found is not None:
+            return found
+        torch = self._torch
+        with torch.no_grad(), torch.cuda.stream(slot.torch_stream):
+            static_in = torch.zeros((b, h, w, 3), dtype=torch.uint8, device=self._device)
+            for _ in range(2):  # warm-up on the side stream before capture (cuDNN autotune)
+                outputs = self._forward(static_in)
+            graph = None
+            if self.tcfg.cuda_graphs:
+                try:
+                    graph = torch.cuda.CUDAGraph()
+                    # thread_local: waiter threads keep synchronising other slots' events
+                    # while this thread captures.
+                    with torch.cuda.graph(
+                        graph,
+                        pool=slot.pool,
+                        stream=slot.torch_stream,
+                        capture_error_mode="thread_local",
+                    ):
+                        outputs = self._forward(static_in)
+                    self.graph_captures += 1
+                except RuntimeError as e:  # capture refused: run this bucket eagerly
+                    log.warning(
+                        "CUDA graph capture failed for batch %d at %dx%d (%s); running eagerly",
+                        b,
+                        w,
+                        h,
+                        e,
+                    )
+                    graph = None
+                    self.graph_fallbacks += 1
+                    outputs = self._forward(static_in)
+        slot.torch_stream.synchronize()
+        g = _Graph(static_in, outputs, graph)
+        slot.graphs[key] = g
+        return g
+
+    # -- one batch ------------------------------------------------------------------
+
+    def _rt(self) -> CudaRuntime:
+        if self.runtime is None:
+            raise RuntimeError("CUDA runtime used before start() or after close()")
+        return self.runtime
+
+    def _launch(self, slot: _Slot, frames: Sequence[U8Array]) -> list[tuple[int, tuple[int, ...]]]:
+        """Enqueue H2D → replay → D2H → event on the slot's stream (launcher thread)."""
+        torch, rt = self._torch, self._rt()
+        rt.bind_thread()
+        h, w = frames[0].shape[:2]
+        b = batch_bucket(len(frames), self.max_batch)
+        g = self._graph_for(slot, b, h, w)
+        out_layout = [(o.numel() * 4, tuple(o.shape)) for o in g.outputs]
+        out_bytes = sum(n for n, _ in out_layout)
+        if slot.pinned_out is None or slot.pinned_out.nbytes < out_bytes:
+            if slot.pinned_out is not None:  # grows during warm-up, then stays
+                slot.pinned_out.close()
+            slot.pinned_out = rt.alloc_pinned(out_bytes)
+        frame_bytes = h * w * 3
+        base = g.static_in.data_ptr()
+        for i, frame in enumerate(frames):  # rows past len(frames) are padding, never read
+            rt.copy_htod_async(base + i * frame_bytes, np.ascontiguousarray(frame), slot.stream)
+        with torch.cuda.stream(slot.torch_stream):
+            if g.graph is not None:
+                g.graph.replay()
+            else:
+                with torch.no_grad():
+                    for dst, src in zip(g.outputs, self._forward(g.static_in), strict=True):
+                        dst.copy_(src)
+        n = len(frames)
+        offset = 0
+        for (nbytes, shape), out in zip(out_layout, g.outputs, strict=True):
+            # Only the n real rows come back; bucket padding rows stay on the device.
+            rows = slot.pinned_out.array[offset : offset + nbytes].view(np.float32).reshape(shape)
+            rt.copy_dtoh_async(rows[:n], out.data_ptr(), slot.stream)
+            offset += nbytes
+        rt.record(slot.event, slot.stream)
+        return out_layout
+
+    def _cpu_run(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
+        torch = self._torch
+        with torch.no_grad():
+            x = torch.from_numpy(np.stack(frames))
+            return [o.numpy() for o in self._forward(x)]
+
+    async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
+        if self._launcher is None:
+            raise RuntimeError("engine not started")
+        loop = asyncio.get_running_loop()
+        if not self.cuda:
+            return await loop.run_in_executor(self._launcher, self._cpu_run, frames)
+        if self._slots is None:  # created on the loop that serves
+            self._slots = asyncio.Queue()
+            for s in self._all_slots:
+                self._slots.put_nowait(s)
+        slot = await self._slots.get()
+        try:
+            try:
+                layout = await loop.run_in_executor(self._launcher, self._launch, slot, frames)
+                await self._rt().wait(slot.event)
+            except RuntimeError as e:  # torch reports CUDA failures as RuntimeError
+                raise EngineError(f"torch engine failed on a batch of {len(frames)}: {e}") from e
+            # Copying the outputs out of the slot's pinned memory (megabytes per batch)
+            # happens in a worker thread, not on the event loop.
+            outputs = await loop.run_in_executor(
+                self._collector, self._collect, slot, layout, len(frames)
+            )
+            return outputs
+        finally:
+            self._slots.put_nowait(slot)
+
+    @staticmethod
+    def _collect(slot: _Slot, layout: list[tuple[int, tuple[int, ...]]], n: int) -> list[Any]:
+        pinned = slot.pinned_out
+        if pinned is None:
+            raise RuntimeError("batch finished without output buffers")
+        outputs, offset = [], 0
+        for nbytes, shape in layout:
+            host = pinned.array[offset : offset + nbytes].view(np.float32).reshape(shape)
+            outputs.append(host[:n].copy())  # the slot is reused by the next batch
+            offset += nbytes
+        return outputs
+
+    async def close(self) -> None:
+        if self._collector is not None:
+            await asyncio.to_thread(self._collector.shutdown, True)
+            self._collector = None
+        if self._launcher is not None:
+            await asyncio.to_thread(self._launcher.shutdown, True)
+            self._launcher = None
+        for slot in self._all_slots:
+            if slot.pinned_out is not None:
+                slot.pinned_out.close()
+            slot.graphs.clear()
+            slot.event.close()
+            slot.stream.close()
+        self._all_slots.clear()
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+        self._module = None
+
+    def describe(self) -> dict[str, Any]:
+        d = {
+            **super().describe(),
+            "device": str(self._device),
+            "fp16": self.tcfg.fp16,
+            "cuda_graphs": self.tcfg.cuda_graphs,
+            "graphs_captured": self.graph_captures,
+        }
+        if self.runtime is not None:
+            d["cuda_backend"] = self.runtime.name
+            d["gpu"] = self.runtime.device_name()
+        return d
