@@ -1,0 +1,450 @@
+"""The ``edge-vision bench`` command: argument parsing, runs, table, JSON and plots."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..cli import add_config_args, config_from_args
+from . import __doc__ as _DOC
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="load-test a server (or the engine alone)",
+        description=_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_args(p)
+    p.add_argument("--url", help="target a running server's /ws instead of starting one")
+    p.add_argument("--cameras", default="4", help="cameras, or a sweep like 1,2,4,8")
+    p.add_argument("--fps", type=float, default=15.0, help="frames per second per camera")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of load per run")
+    p.add_argument("--resolution", default="1280x720", help="frame size WxH")
+    p.add_argument("--video", type=Path, help="a recorded video to take frames from")
+    p.add_argument("--frames", type=int, default=60, help="distinct frames to cycle through")
+    p.add_argument("--jpeg-quality", type=int, default=80)
+    p.add_argument("--wire", choices=["binary", "json"], default="binary")
+    p.add_argument("--mode", choices=["latest", "every"], default="latest")
+    p.add_argument("--engine-only", action="store_true", help="only the engine ceiling")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also measure the engine ceiling and the textbook baseline in this run",
+    )
+    p.add_argument(
+        "--ceiling", action="store_true", help="also measure the engine ceiling in this run"
+    )
+    p.add_argument("--engine-seconds", type=float, default=3.0, help="time per engine batch size")
+    p.add_argument("--batches", help="engine-only batch sizes, e.g. 1,2,4,8 (default 1..max)")
+    p.add_argument("--out", type=Path, help="output folder (default bench-results/<time>)")
+    p.add_argument("--no-plots", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Server:
+    """A server process for the duration of a load run, with its memory sampled."""
+
+    def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
+        self.argv, self.port, self.log_path = argv, port, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.rss: list[tuple[float, float]] = []
+
+    def __enter__(self) -> _Server:
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=self._log)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self, timeout: float = 300.0) -> None:
+        import urllib.error
+        import urllib.request
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early; see {self.log_path}")
+            try:
+                url = f"http://127.0.0.1:{self.port}/readyz"
+                if "baseline" in " ".join(self.argv):
+                    with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                        return
+                with urllib.request.urlopen(url, timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready after {timeout:.0f} s; see {self.log_path}")
+
+    def sample(self, t: float) -> None:
+        from .load import rss_mib
+
+        if self.proc is not None:
+            mib = rss_mib(self.proc.pid)
+            if mib is not None:
+                self.rss.append((t, mib))
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def _server_argv(args: argparse.Namespace, port: int) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "edge_vision",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    if args.config:
+        argv += ["--config", str(args.config)]
+    if args.model:
+        argv += ["--model", str(args.model)]
+    if args.engine:
+        argv += ["--engine", args.engine]
+    for s in args.set:
+        argv += ["--set", s]
+    argv += ["--set", "server.max_connections=4096"]
+    return argv
+
+
+def _load_run(
+    name: str,
+    url: str,
+    jpegs: list[bytes],
+    cameras: int,
+    args: argparse.Namespace,
+    server: _Server | None,
+) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from .load import CameraPlan, run_cameras
+    from .stats import summary, thirds_p99
+
+    start_at = time.time() + 2.0 + 0.05 * cameras
+    plans = [
+        CameraPlan(
+            i,
+            url,
+            jpegs,
+            args.fps,
+            args.duration,
+            args.wire,
+            args.mode,
+            start_at + (i / max(cameras, 1)) / max(args.fps, 1e-9),
+        )
+        for i in range(cameras)
+    ]
+    tty = sys.stderr.isatty()
+    bar = tqdm(
+        total=int(args.duration),
+        desc=f"{name} {cameras} cam",
+        unit="s",
+        file=sys.stderr,
+        leave=False,
+        disable=not tty,
+    )
+    last_line = [0.0]
+
+    def tick(answered: int) -> None:
+        t = time.time() - start_at
+        if server is not None:
+            server.sample(t)
+        if tty:
+            bar.n = int(min(max(t, 0), args.duration))
+            bar.set_postfix(answered=answered)
+            bar.refresh()
+        elif t - last_line[0] >= 5:  # logs and CI: a line every 5 s instead of a bar
+            last_line[0] = t
+            print(
+                f"{name} {cameras} cam: {max(t, 0):.0f}/{args.duration:.0f} s, {answered} answered",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    results = run_cameras(plans, on_tick=tick)
+    bar.close()
+    lat = [x for r in results for x in r.latencies_ms]
+    times = [x for r in results for x in r.sent_at_s]
+    answered = sum(r.answered for r in results)
+    # Frames per second over the time answers actually took to arrive: a server that falls
+    # behind keeps answering long after the cameras stop, and that time counts.
+    finished = max((s + lt / 1000.0 for s, lt in zip(times, lat, strict=True)), default=0.0)
+    span = max(args.duration, finished)
+    stages: dict[str, dict[str, float]] = {}
+    for key in (
+        "decode_ms",
+        "queue_ms",
+        "batch_wait_ms",
+        "infer_ms",
+        "post_ms",
+        "server_ms",
+        "batch_size",
+    ):
+        vals = [t[key] for r in results for t in r.server_timing if key in t]
+        if vals:
+            stages[key] = summary(vals)
+    rss = server.rss if server else []
+    rss_after5 = [m for t, m in rss if t >= 5.0]
+    return {
+        "name": name,
+        "cameras": cameras,
+        "fps_per_camera": args.fps,
+        "duration_s": args.duration,
+        "mode": args.mode,
+        "wire": args.wire,
+        "sent": sum(r.sent for r in results),
+        "answered": answered,
+        "dropped": sum(r.dropped for r in results),
+        "errors": sum(r.errors for r in results),
+        "unanswered": sum(r.unanswered for r in results),
+        "duplicates": sum(r.duplicates for r in results),
+        "connect_errors": [r.connect_error for r in results if r.connect_error],
+        "answered_per_s": answered / span,
+        "answer_span_s": span,
+        "per_camera_answered_fps": [r.answered / span for r in results],
+        "latency_ms": summary(lat),
+        "p99_by_third_ms": thirds_p99(times, lat),
+        "server_stages_ms": stages,
+        "rss_mib": {
+            "after_5s_min": min(rss_after5, default=float("nan")),
+            "after_5s_max": max(rss_after5, default=float("nan")),
+            "samples": rss,
+        },
+        "_latencies": lat,
+    }
+
+
+def _print_table(runs: list[dict[str, Any]], engine: dict[str, Any] | None) -> None:
+    print()
+    if engine is not None:
+        print(
+            "engine only (" + engine["engine"]["kind"] + f", input {engine['input'][1]}x"
+            f"{engine['input'][0]}):"
+        )
+        print(f"  {'batch':>5} {'frames/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'pipelined f/s':>14}")
+        for r in engine["rows"]:
+            s = r["serial"]
+            print(
+                f"  {r['batch']:>5} {s['frames_per_s']:>9.1f} {s['batch_ms']['p50']:>8.1f} "
+                f"{s['batch_ms']['p99']:>8.1f} {r['pipelined']['frames_per_s']:>14.1f}"
+            )
+    if runs:
+        print(
+            f"\n{'run':<10} {'cams':>4} {'sent':>6} {'answered/s':>10} {'dropped':>7} "
+            f"{'err':>4} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7}  p99 by third (ms)"
+        )
+        for r in runs:
+            lat = r["latency_ms"]
+            thirds = " / ".join(f"{v:.0f}" for v in r["p99_by_third_ms"])
+            print(
+                f"{r['name']:<10} {r['cameras']:>4} {r['sent']:>6} {r['answered_per_s']:>10.1f} "
+                f"{r['dropped']:>7} {r['errors']:>4} {lat['p50']:>7.1f} {lat['p95']:>7.1f} "
+                f"{lat['p99']:>7.1f}  {thirds}"
+            )
+    print()
+
+
+def _plots(out: Path, runs: list[dict[str, Any]]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in runs:
+        lat = np.sort(np.asarray(r["_latencies"]))
+        if lat.size:
+            ax.plot(lat, np.linspace(0, 1, lat.size), label=f"{r['name']} ({r['cameras']} cam)")
+    ax.set_xlabel("end-to-end latency at the client (ms)")
+    ax.set_ylabel("fraction of answered frames")
+    ax.set_xscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "latency_cdf.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        by_name.setdefault(r["name"], []).append(r)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, rs in by_name.items():
+        rs = sorted(rs, key=lambda r: r["cameras"])
+        cams = [r["cameras"] for r in rs]
+        a1.plot(cams, [r["answered_per_s"] for r in rs], "o-", label=name)
+        a2.plot(cams, [r["latency_ms"]["p99"] for r in rs], "o-", label=name)
+    a1.set_xlabel("cameras")
+    a1.set_ylabel("frames answered per second")
+    a2.set_xlabel("cameras")
+    a2.set_ylabel("client p99 latency (ms)")
+    for a in (a1, a2):
+        a.grid(True, alpha=0.3)
+        a.legend()
+    fig.tight_layout()
+    paths.append(out / "throughput_p99_vs_cameras.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ..cli import setup_logging
+    from ..models import load_model_spec
+    from .frames import encode_jpegs, generated_frames, video_frames
+
+    config = config_from_args(args)
+    setup_logging(config.logging.level)
+    width, height = (int(v) for v in args.resolution.lower().split("x"))
+    out = args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": _machine(),
+        "argv": sys.argv,
+        "config": config.model_dump(mode="json"),
+    }
+    engine_res = None
+    if args.engine_only or args.compare or args.ceiling:
+        spec = load_model_spec(config.model, config.engine.max_batch)
+        sizes = [int(b) for b in args.batches.split(",")] if args.batches else None
+        engine_res = asyncio.run(
+            _engine_ceiling(spec, config, width, height, args.engine_seconds, sizes)
+        )
+        report["engine_only"] = engine_res
+    runs: list[dict[str, Any]] = []
+    if not args.engine_only:
+        if args.video:
+            rgb = video_frames(args.video, width, height, args.frames)
+        else:
+            rgb = generated_frames(width, height, args.frames)
+        jpegs = encode_jpegs(rgb, args.jpeg_quality)
+        report["frames"] = {
+            "count": len(jpegs),
+            "resolution": [width, height],
+            "mean_jpeg_kb": sum(map(len, jpegs)) / len(jpegs) / 1024,
+            "source": str(args.video or "generated"),
+        }
+        cams = [int(c) for c in str(args.cameras).split(",")]
+        for n in cams:
+            if args.url:
+                runs.append(_load_run("target", args.url, jpegs, n, args, None))
+                continue
+            port = _free_port()
+            with _Server(_server_argv(args, port), port, out / "server.log") as srv:
+                runs.append(
+                    _load_run("edge_vision", f"ws://127.0.0.1:{port}/ws", jpegs, n, args, srv)
+                )
+            if args.compare:
+                port = _free_port()
+                threads = str(config.engine.onnxruntime.threads or "")
+                argv = [sys.executable, "-m", "edge_vision.bench.baseline", "--port", str(port)]
+                if args.model:
+                    argv += ["--model", str(args.model)]
+                if threads:
+                    argv += ["--threads", threads]
+                with _Server(argv, port, out / "baseline.log") as srv:
+                    runs.append(
+                        _load_run("baseline", f"ws://127.0.0.1:{port}/ws", jpegs, n, args, srv)
+                    )
+    report["runs"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]
+    report["ratios"] = _ratios(runs, engine_res)
+    _print_table(runs, engine_res)
+    for line in report["ratios"].get("lines", []):
+        print(line)
+    (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
+    if runs and not args.no_plots:
+        for p in _plots(out, runs):
+            print(f"plot: {p}")
+    print(f"results: {out / 'results.json'}")
+    return 0
+
+
+async def _engine_ceiling(
+    spec: Any, config: Any, width: int, height: int, seconds: float, sizes: list[int] | None
+) -> dict[str, Any]:
+    from .engine_only import measure_engine
+
+    return await measure_engine(spec, config, width, height, seconds, sizes)
+
+
+def _ratios(runs: list[dict[str, Any]], engine: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"lines": []}
+    ours = [r for r in runs if r["name"] in ("edge_vision", "target")]
+    base = {r["cameras"]: r for r in runs if r["name"] == "baseline"}
+    if engine is not None:
+        best = max(r["pipelined"]["frames_per_s"] for r in engine["rows"])
+        single = engine["rows"][0]["serial"]["batch_ms"]["p50"]
+        out["engine_ceiling_fps"] = best
+        out["engine_single_frame_ms"] = single
+        for r in ours:
+            ratio = r["answered_per_s"] / best
+            p99x = r["latency_ms"]["p99"] / single
+            out["lines"].append(
+                f"{r['cameras']} cam: served {r['answered_per_s']:.1f} frames/s = "
+                f"{100 * ratio:.0f}% of the engine ceiling {best:.1f}; client p99 "
+                f"{r['latency_ms']['p99']:.0f} ms = {p99x:.2f}x the engine's single-frame "
+                f"{single:.1f} ms"
+            )
+    for r in ours:
+        b = base.get(r["cameras"])
+        if b:
+            out["lines"].append(
+                f"{r['cameras']} cam: baseline p99 {b['latency_ms']['p99']:.0f} ms (by third "
+                f"{' / '.join(f'{v:.0f}' for v in b['p99_by_third_ms'])}) vs ours "
+                f"{r['latency_ms']['p99']:.0f} ms (by third "
+                f"{' / '.join(f'{v:.0f}' for v in r['p99_by_third_ms'])}): "
+                f"{b['latency_ms']['p99'] / max(r['latency_ms']['p99'], 1e-9):.1f}x"
+            )
+    return out
+
+
+def _machine() -> dict[str, Any]:
+    import os
+    import platform
+
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
