@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -32,36 +32,64 @@ class ReadyBatch(Generic[T]):
     dispatched_at: float
 
 
+class _Entry(Generic[T]):
+    """A queued frame; mutable so a newer frame of the same key can take its place."""
+
+    __slots__ = ("item", "key", "shape", "t")
+
+    def __init__(self, t: float, item: T, key: Hashable | None, shape: Shape) -> None:
+        self.t, self.item, self.key, self.shape = t, item, key, shape
+
+
 class BatchPlanner(Generic[T]):
-    """Per-shape FIFO buckets; ``pop_ready`` returns the batch that should run next."""
+    """Per-shape FIFO buckets; ``pop_ready`` returns the batch that should run next.
+
+    An item added with a ``key`` (a latest-wins connection) replaces that key's item still
+    waiting here, keeping its place in the queue: the engine then runs the connection's
+    newest frame, not the one that happened to arrive first. The replaced item is
+    returned so its owner can count it as dropped."""
 
     def __init__(self, max_batch: int, window_s: float) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.max_batch = max_batch
         self.window_s = max(0.0, window_s)
-        self._buckets: OrderedDict[Shape, deque[tuple[float, T]]] = OrderedDict()
+        self._buckets: OrderedDict[Shape, deque[_Entry[T]]] = OrderedDict()
+        self._keyed: dict[Hashable, _Entry[T]] = {}
         self._count = 0
 
     def __len__(self) -> int:
         return self._count
 
-    def add(self, shape: Shape, item: T, now: float) -> None:
-        self._buckets.setdefault(shape, deque()).append((now, item))
-        self._count += 1
+    def add(self, shape: Shape, item: T, now: float, key: Hashable | None = None) -> T | None:
+        """Queue ``item``; returns the item of the same ``key`` it replaced, if any."""
+        if key is not None:
+            entry = self._keyed.get(key)
+            if entry is not None:
+                old = entry.item
+                if entry.shape == shape:  # same place in the queue, newer frame
+                    entry.item = item
+                    return old
+                self._buckets[entry.shape].remove(entry)  # a new frame size: requeue
+                if not self._buckets[entry.shape]:
+                    del self._buckets[entry.shape]
+                self._count -= 1
+                self._push(_Entry(entry.t, item, key, shape))
+                return old
+        self._push(_Entry(now, item, key, shape))
+        return None
 
-    def _oldest(self, bucket: deque[tuple[float, T]]) -> float:
-        return bucket[0][0]
+    def _push(self, entry: _Entry[T]) -> None:
+        self._buckets.setdefault(entry.shape, deque()).append(entry)
+        if entry.key is not None:
+            self._keyed[entry.key] = entry
+        self._count += 1
 
     def next_deadline(self) -> float | None:
         """When the earliest bucket becomes ready (a full bucket is ready now)."""
         deadline: float | None = None
         for bucket in self._buckets.values():
-            t = (
-                -float("inf")
-                if len(bucket) >= self.max_batch
-                else self._oldest(bucket) + self.window_s
-            )
+            t = -float("inf") if len(bucket) >= self.max_batch else bucket[0].t + self.window_s
             deadline = t if deadline is None else min(deadline, t)
         return deadline
 
@@ -70,21 +98,26 @@ class BatchPlanner(Generic[T]):
         best: Shape | None = None
         best_age = float("inf")
         for shape, bucket in self._buckets.items():
-            ready = len(bucket) >= self.max_batch or self._oldest(bucket) + self.window_s <= now
-            if ready and self._oldest(bucket) < best_age:
-                best, best_age = shape, self._oldest(bucket)
+            oldest = bucket[0].t
+            ready = len(bucket) >= self.max_batch or oldest + self.window_s <= now
+            if ready and oldest < best_age:
+                best, best_age = shape, oldest
         if best is None:
             return None
         bucket = self._buckets[best]
         taken = [bucket.popleft() for _ in range(min(self.max_batch, len(bucket)))]
         if not bucket:
             del self._buckets[best]
+        for e in taken:
+            if e.key is not None:
+                self._keyed.pop(e.key, None)
         self._count -= len(taken)
-        return ReadyBatch(best, [i for _, i in taken], [t for t, _ in taken], now)
+        return ReadyBatch(best, [e.item for e in taken], [e.t for e in taken], now)
 
     def drain(self) -> list[T]:
-        items = [i for b in self._buckets.values() for _, i in b]
+        items = [e.item for b in self._buckets.values() for e in b]
         self._buckets.clear()
+        self._keyed.clear()
         self._count = 0
         return items
 
@@ -114,9 +147,11 @@ class Batcher(Generic[T]):
     def in_flight(self) -> int:
         return self._in_flight
 
-    def submit(self, shape: Shape, item: T) -> None:
-        self.planner.add(shape, item, self._clock())
+    def submit(self, shape: Shape, item: T, key: Hashable | None = None) -> T | None:
+        """Queue ``item``; returns the waiting item of the same ``key`` it replaced."""
+        replaced = self.planner.add(shape, item, self._clock(), key)
         self._wake.set()
+        return replaced
 
     def start(self) -> None:
         if self._task is None:

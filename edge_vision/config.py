@@ -254,13 +254,13 @@ class SessionConfig(_Section):
         2, ge=1, description="Frames of one 'every' connection processed at once (in order)."
     )
     latest_in_flight: int = Field(
-        1,
-        ge=1,
-        le=4,
-        description="Frames of one 'latest' connection processed at once. 1 keeps every "
-        "answer as fresh as possible; 2 overlaps decoding the next frame with inferring the "
-        "current one, so a connection can be answered faster than one server round trip "
-        "(fast GPU engines, 30 fps cameras). At most one frame waits either way.",
+        3,
+        ge=2,
+        le=16,
+        description="Most frames of one 'latest' connection between its waiting slot and its "
+        "reply (decoding, waiting for the engine, inferring, sending). One is decoded at a "
+        "time and the newest decoded frame takes the place of one still waiting for the "
+        "engine, so this only bounds work, never latency.",
     )
 
 

@@ -26,7 +26,7 @@ from . import reply
 from .admit import Admission
 from .aio import send_within, with_timeout
 from .config import Config
-from .errors import ClientError, EngineError
+from .errors import ClientError, EngineError, FrameSuperseded
 from .metrics import Metrics
 from .pipeline import FramePipeline
 from .receive import FrameMessage, PingMessage, SettingsMessage, parse_binary, parse_text
@@ -66,7 +66,9 @@ class Connection:
         self._capacity = asyncio.Condition()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._ordered: asyncio.Queue[asyncio.Task[tuple[str, bool]]] = asyncio.Queue()
+        self._decode_idle = asyncio.Event()
+        self._decode_idle.set()
+        self._ordered: asyncio.Queue[asyncio.Task[tuple[str | None, bool]]] = asyncio.Queue()
         self.client_close_code: int | None = None
         self.closed_by_server: str | None = None
 
@@ -131,20 +133,35 @@ class Connection:
 
     async def _produce(self) -> None:
         while True:
+            # Latest-wins decodes one frame at a time; the newest decoded frame then takes
+            # the place of this connection's frame still waiting for the engine, so the
+            # engine always gets the freshest frame and a slow engine costs drops, not age.
+            await self._decode_idle.wait()
             async with self._capacity:
                 await self._capacity.wait_for(lambda: self._in_flight < self._limit())
             frame = await self.admission.get()
+            latest = self.admission.mode == "latest"
             # Counted once a frame is taken (only this task adds, so room is still there):
             # an idle connection waiting for its next frame has nothing in flight.
             self._in_flight += 1
             self._idle.clear()
-            task = asyncio.create_task(self._process(frame, time.perf_counter()))
+            if latest:
+                self._decode_idle.clear()
+            task = asyncio.create_task(self._process(frame, time.perf_counter(), latest))
             self._ordered.put_nowait(task)
 
     async def _send_in_order(self) -> None:
         while True:
             task = await self._ordered.get()
             text, is_result = await task
+            if text is None:  # superseded by a newer frame before inference: dropped
+                self._count_dropped(1)
+                async with self._capacity:
+                    self._in_flight -= 1
+                    if self._in_flight == 0:
+                        self._idle.set()
+                    self._capacity.notify_all()
+                continue
             try:
                 await self.send(text)
             except (ConnectionDone, asyncio.CancelledError):
@@ -162,11 +179,22 @@ class Connection:
                         self._idle.set()
                     self._capacity.notify_all()
 
-    async def _process(self, frame: FrameMessage, taken_at: float) -> tuple[str, bool]:
-        """The reply for one frame and whether it is a result (else an error)."""
+    async def _process(
+        self, frame: FrameMessage, taken_at: float, latest: bool
+    ) -> tuple[str | None, bool]:
+        """The reply for one frame and whether it is a result (else an error); no reply
+        (None) when a newer frame of this connection took its place."""
         s = self.session
         try:
-            res = await self.ctx.pipeline.process(frame, s.frame_settings(), taken_at)
+            res = await self.ctx.pipeline.process(
+                frame,
+                s.frame_settings(),
+                taken_at,
+                supersede_key=self if latest else None,
+                on_prepared=self._decode_idle.set,
+            )
+        except FrameSuperseded:
+            return None, False
         except ClientError as e:
             return self._rejected(e.with_frame_id(frame.id)), False
         except EngineError as e:

@@ -7,6 +7,7 @@
     │   ├── EngineUnavailable  no engine can serve right now (GPU lost, Triton down, no fallback)
     │   └── EngineMismatch     the engine serves another model than the configured one (Triton's
     │                          model metadata differs from the ONNX model): stops start-up
+    ├── FrameSuperseded        a newer frame of the same session took this one's place
     ├── StateUnavailable       the state store (Redis) cannot be reached; frames keep flowing
     └── ClientError            bad input from one client; becomes an ``error`` message with a
                                stable ``code`` and never a traceback in the log
@@ -62,6 +63,11 @@ class EngineMismatch(EngineError):
     A configuration error, not an outage: start-up stops even when a fallback engine is
     configured, because serving on the fallback would hide it.
     """
+
+
+class FrameSuperseded(EdgeVisionError):
+    """A newer frame of the same latest-wins session took this frame's place before it
+    reached the engine; the frame is counted as dropped, not answered."""
 
 
 class StateUnavailable(EdgeVisionError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ import numpy.typing as npt
 from .batch import Batcher, ReadyBatch
 from .config import Config
 from .engines import Engine, create_engine
-from .errors import EngineError, EngineMismatch, EngineUnavailable
+from .errors import EngineError, EngineMismatch, EngineUnavailable, FrameSuperseded
 from .metrics import Metrics
 from .models import ModelSpec
 from .post import pick_head_name
@@ -51,6 +51,9 @@ class BatchInfo:
 class _Job:
     frame: U8Array
     future: asyncio.Future[tuple[list[np.ndarray], BatchInfo]]
+    # This frame's own submit time: a frame that took a superseded frame's place in the
+    # queue keeps that place (fairness) but reports only its own wait.
+    submitted: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
@@ -263,14 +266,23 @@ class InferenceService:
     def in_flight(self) -> int:
         return self._batcher.in_flight if self._batcher else 0
 
-    async def infer(self, frame: U8Array) -> tuple[list[np.ndarray], BatchInfo]:
-        """One letterboxed frame → its outputs (batch axis removed) and the batch's story."""
+    async def infer(
+        self, frame: U8Array, supersede_key: Hashable | None = None
+    ) -> tuple[list[np.ndarray], BatchInfo]:
+        """One letterboxed frame → its outputs (batch axis removed) and the batch's story.
+
+        With ``supersede_key`` (a latest-wins session) the frame takes the place of that
+        key's frame still waiting for the engine, whose call raises FrameSuperseded."""
         if self._batcher is None or not self.status.ready:
             raise EngineUnavailable("the engine is not ready")
         fut: asyncio.Future[tuple[list[np.ndarray], BatchInfo]] = (
             asyncio.get_running_loop().create_future()
         )
-        self._batcher.submit((frame.shape[0], frame.shape[1]), _Job(frame, fut))
+        replaced = self._batcher.submit(
+            (frame.shape[0], frame.shape[1]), _Job(frame, fut), supersede_key
+        )
+        if replaced is not None and not replaced.future.done():
+            replaced.future.set_exception(FrameSuperseded())
         return await fut
 
     async def _run_batch(self, batch: ReadyBatch[_Job]) -> None:
@@ -296,12 +308,14 @@ class InferenceService:
         active = self.engine.kind if self.engine else engine.kind
         if self.metrics is not None:
             self.metrics.observe_batch(
-                len(jobs), infer_s, batch.dispatched_at - min(batch.enqueued_at)
+                len(jobs), infer_s, max(0.0, batch.dispatched_at - min(j.submitted for j in jobs))
             )
-        for i, (job, enq) in enumerate(zip(jobs, batch.enqueued_at, strict=False)):
+        for i, job in enumerate(jobs):
             if job.future.done():
                 continue
-            info = BatchInfo(len(jobs), batch.dispatched_at - enq, infer_s, active)
+            info = BatchInfo(
+                len(jobs), max(0.0, batch.dispatched_at - job.submitted), infer_s, active
+            )
             job.future.set_result(([o[i] for o in outputs], info))
 
     async def _degrade_and_rerun(

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -155,15 +156,26 @@ class FramePipeline:
     # -- the async path ---------------------------------------------------------------
 
     async def process(
-        self, frame: FrameMessage, settings: FrameSettings, taken_at: float | None = None
+        self,
+        frame: FrameMessage,
+        settings: FrameSettings,
+        taken_at: float | None = None,
+        *,
+        supersede_key: Hashable | None = None,
+        on_prepared: Callable[[], None] | None = None,
     ) -> FrameResult:
         """Serve one admitted frame. Raises ClientError for bad input, EngineError when no
-        engine can serve."""
+        engine can serve, FrameSuperseded when a newer frame of ``supersede_key`` took its
+        place before inference. ``on_prepared`` is called once decoding is over."""
         loop = asyncio.get_running_loop()
         taken_at = time.perf_counter() if taken_at is None else taken_at
-        prep = await loop.run_in_executor(self.executor, self.prepare, frame)
         try:
-            outputs, batch = await self.service.infer(prep.canvas)
+            prep = await loop.run_in_executor(self.executor, self.prepare, frame)
+        finally:
+            if on_prepared is not None:
+                on_prepared()
+        try:
+            outputs, batch = await self.service.infer(prep.canvas, supersede_key)
         finally:
             self.pool.release(prep.canvas)
         t_post = time.perf_counter()

@@ -206,7 +206,15 @@ async def test_several_worker_processes_share_the_port_and_stop_together(tmp_pat
     try:
         await proc.wait_ready()
         nodes = set()
-        async with aiohttp.ClientSession() as s:
+        # A new TCP connection per request: the kernel picks a worker per connection.
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+            ready: set[str] = set()  # /readyz answers from whichever worker gets the request
+            deadline = time.monotonic() + T(60)
+            while len(ready) < 2 and time.monotonic() < deadline:
+                async with s.get(proc.url + "/readyz") as r:
+                    if r.status == 200:
+                        ready.add((await r.json())["node"])
+            assert len(ready) == 2, f"only {ready} became ready"
             for i in range(12):  # the kernel spreads new connections over both workers
                 ws, hello = await connect(s, proc.ws_url)
                 nodes.add(hello["node"])

@@ -755,6 +755,8 @@ def test_mock_tensorrt_build_engine_calibrates_int8_on_real_frames_and_reuses_it
         str(engines),
         "--set",
         "engine.tensorrt.calibration_batch=4",
+        "--set",
+        "engine.max_batch=4",  # the calibration batch is capped at the profile's max batch
     ]
     assert main(argv) == 0
     out = capsys.readouterr().out

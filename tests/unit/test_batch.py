@@ -69,3 +69,25 @@ async def test_batcher_groups_frames_submitted_while_the_engine_is_busy() -> Non
     await asyncio.sleep(0.02)
     await batcher.stop()
     assert seen == [[0], [1, 2, 3, 4], [5]]
+
+
+def test_a_newer_frame_of_the_same_key_takes_the_waiting_frames_place() -> None:
+    p: BatchPlanner[str] = BatchPlanner(max_batch=1, window_s=0.0)
+    p.add(A, "cam1-frame1", 0.0, key="cam1")
+    p.add(A, "cam2-frame1", 0.1, key="cam2")
+    assert p.add(A, "cam1-frame2", 0.2, key="cam1") == "cam1-frame1"
+    first = p.pop_ready(1.0)
+    second = p.pop_ready(1.0)
+    # cam1 keeps its place in the queue but the engine gets its newest frame.
+    assert first is not None and first.items == ["cam1-frame2"] and first.enqueued_at == [0.0]
+    assert second is not None and second.items == ["cam2-frame1"]
+    assert p.add(A, "cam1-frame3", 2.0, key="cam1") is None  # nothing of cam1 was waiting
+
+
+def test_a_newer_frame_of_another_size_is_requeued_in_its_own_bucket() -> None:
+    p: BatchPlanner[str] = BatchPlanner(max_batch=4, window_s=0.0)
+    p.add(A, "small", 0.0, key="cam")
+    assert p.add(B, "big", 0.5, key="cam") == "small"
+    assert len(p) == 1
+    batch = p.pop_ready(1.0)
+    assert batch is not None and batch.shape == B and batch.items == ["big"]
