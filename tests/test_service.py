@@ -228,3 +228,17 @@ async def test_several_worker_processes_share_the_port_and_stop_together(tmp_pat
         assert await asyncio.to_thread(proc.proc.wait, T(20)) == 0  # type: ignore[union-attr]
     finally:
         await asyncio.to_thread(proc.stop)
+
+
+async def test_an_idle_engine_is_kept_warm_without_client_frames(server_factory: Any) -> None:
+    srv = await server_factory({"engine": {"keep_warm_idle_s": 0.5}})
+    await asyncio.sleep(T(3))  # idle: no client sends anything
+    async with aiohttp.ClientSession() as s, s.get(srv.url + "/metrics") as r:
+        text = await r.text()
+    count = next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("edge_vision_batch_size_count")
+    )
+    assert count >= 1, "no keep-warm inference ran while the service sat idle"
+    assert "edge_vision_frames_received_total 0.0" in text
