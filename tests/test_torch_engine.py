@@ -22,8 +22,8 @@ from .support.server import make_config
 
 torch = pytest.importorskip(
     "torch",
-    reason="torch is not installed (scripts/test installs "
-    "the CPU build where its wheel is on disk)",
+    reason="torch is not installed here (scripts/test installs a CPU build of torch only "
+    "where one lies in /opt/wheels)",
 )
 
 
