@@ -132,9 +132,6 @@ class TorchConfig(_Section):
     device: str = Field("cuda:0", description="Torch device for the converted ONNX graph.")
     fp16: bool = Field(True, description="Run in half precision.")
     cuda_graphs: bool = Field(True, description="Capture a CUDA graph per (batch, shape) bucket.")
-    gpu_preprocess: bool = Field(
-        False, description="Letterbox and normalise on the GPU from uploaded uint8 frames."
-    )
 
 
 class TensorRTConfig(_Section):
