@@ -334,17 +334,3 @@ def pick_decoder(preference: str = "auto") -> Decoder:
             continue
         return decoder
     raise ConfigError("no image decoder is installed (need simplejpeg, opencv or pillow)")
-
-
-def decode_image(
-    data: bytes,
-    *,
-    decoder: Decoder,
-    pool: BufferPool,
-    max_pixels: int,
-    min_size_for: Callable[[ImageHeader], tuple[int, int] | None],
-) -> DecodedFrame:
-    """Header → pixel limit → decode; ``min_size_for`` gives the smallest useful size."""
-    header = read_image_header(data)
-    check_pixel_limit(header, max_pixels)
-    return decoder.decode(data, header, min_size_for(header), pool)

@@ -24,10 +24,10 @@ from .config import Config
 from .decode import (
     BufferPool,
     Decoder,
-    ImageHeader,
-    decode_image,
+    check_pixel_limit,
     numpy_allocator,
     pick_decoder,
+    read_image_header,
 )
 from .errors import ClientError
 from .infer import BatchInfo, InferenceService
@@ -116,29 +116,21 @@ class FramePipeline:
 
     # -- stages run in the worker pool ------------------------------------------------
 
-    def _min_size_for(self, header: ImageHeader) -> tuple[int, int] | None:
-        if not self.config.decode.dct_downscale:
-            return None
-        lb = plan_for_frame(header.width, header.height, self.service.spec.limits)
-        return lb.new_w, lb.new_h
-
     def prepare(self, frame: FrameMessage) -> _Prepared:
         """Decode and letterbox one frame (worker thread)."""
         t0 = time.perf_counter()
         data = decode_base64(frame.image) if frame.image_is_base64 else frame.image
+        spec = self.service.spec
+        header = read_image_header(data)
+        check_pixel_limit(header, self.config.server.max_pixels)
+        # One plan per frame: it sets both the DCT-downscale floor and the letterbox.
+        lb = plan_for_frame(header.width, header.height, spec.limits)
+        min_size = (lb.new_w, lb.new_h) if self.config.decode.dct_downscale else None
         try:
-            decoded = decode_image(
-                data,
-                decoder=self.decoder,
-                pool=self.pool,
-                max_pixels=self.config.server.max_pixels,
-                min_size_for=self._min_size_for,
-            )
+            decoded = self.decoder.decode(data, header, min_size, self.pool)
         except cv2.error as e:
             raise ClientError("bad_image", f"image could not be decoded: {e.msg}") from None
         t1 = time.perf_counter()
-        spec = self.service.spec
-        lb = plan_for_frame(decoded.width, decoded.height, spec.limits)
         canvas = self.pool.acquire((lb.out_h, lb.out_w, 3))
         try:
             letterbox_into(decoded.pixels, lb, canvas, spec.pad_value)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import os
 import queue
 import time
 from dataclasses import dataclass, field
@@ -19,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from ..aio import with_timeout
-
-CameraRecord = dict[str, Any]
 
 
 @dataclass
@@ -197,7 +194,3 @@ def rss_mib(pid: int) -> float | None:
         return total
     except OSError:
         return None
-
-
-def this_pid() -> int:
-    return os.getpid()

@@ -8,10 +8,12 @@ device; pre- and post-processing otherwise stay outside.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +25,7 @@ from ..metrics import Metrics
 from ..models import ModelSpec
 
 U8Array = npt.NDArray[np.uint8]
+S = TypeVar("S")
 
 # kind -> (module, class, what to install when the import fails)
 _REGISTRY: dict[str, tuple[str, str, str]] = {
@@ -81,6 +84,28 @@ class Engine(ABC):
     def describe(self) -> dict[str, Any]:
         """What /readyz, hello and logs say about this engine."""
         return {"kind": self.kind, "max_batch": self.max_batch, "in_flight": self.max_in_flight}
+
+
+class SlotPool(Generic[S]):
+    """The in-flight slots of a GPU engine (stream, event, buffers, context): a batch takes
+    one for its whole trip and gives it back. ``slots`` is the engine's own list, filled
+    as it starts; the queue is made on first use, on the loop that serves."""
+
+    def __init__(self, slots: list[S]) -> None:
+        self._slots = slots
+        self._free: asyncio.Queue[S] | None = None
+
+    @asynccontextmanager
+    async def take(self) -> AsyncIterator[S]:
+        if self._free is None:
+            self._free = asyncio.Queue()
+            for slot in self._slots:
+                self._free.put_nowait(slot)
+        slot = await self._free.get()
+        try:
+            yield slot
+        finally:
+            self._free.put_nowait(slot)
 
 
 def engine_names() -> list[str]:

@@ -64,7 +64,7 @@ from ..decode import Allocator
 from ..errors import EdgeVisionError, EngineError, ModelError
 from ..models import ModelSpec
 from . import trt_plan as plan
-from .base import Engine, U8Array
+from .base import Engine, SlotPool, U8Array
 
 log = logging.getLogger(__name__)
 
@@ -610,7 +610,7 @@ class TensorRTEngine(Engine):
         self._engine: Any = None
         self._outputs: list[_Output] = []
         self._all_slots: list[_Slot] = []
-        self._slots: asyncio.Queue[_Slot] | None = None
+        self._slot_pool: SlotPool[_Slot] = SlotPool(self._all_slots)
         self._launcher: ThreadPoolExecutor | None = None
         self._progress = plan.LogBuildProgress()
 
@@ -779,13 +779,8 @@ class TensorRTEngine(Engine):
     async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
         if self._launcher is None or not self._all_slots:
             raise RuntimeError("engine not started")
-        if self._slots is None:  # created on the loop that serves
-            self._slots = asyncio.Queue()
-            for s in self._all_slots:
-                self._slots.put_nowait(s)
         loop = asyncio.get_running_loop()
-        slot = await self._slots.get()
-        try:
+        async with self._slot_pool.take() as slot:
             try:
                 layout = await loop.run_in_executor(self._launcher, self._launch, slot, frames)
                 await self._rt().wait(slot.event)
@@ -802,8 +797,6 @@ class TensorRTEngine(Engine):
                 else:
                     outputs.append(host.copy())
             return outputs
-        finally:
-            self._slots.put_nowait(slot)
 
     # -- end ------------------------------------------------------------------------
 

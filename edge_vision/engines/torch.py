@@ -36,7 +36,7 @@ from ..cuda import CudaEvent, CudaRuntime, CudaStream, PinnedBuffer, open_runtim
 from ..decode import Allocator
 from ..errors import EngineError
 from ..models import ModelSpec
-from .base import Engine, U8Array
+from .base import Engine, SlotPool, U8Array
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,8 @@ class TorchEngine(Engine):
         self._module: Any = None
         self._device: Any = None
         self.runtime: CudaRuntime | None = None
-        self._slots: asyncio.Queue[_Slot] | None = None
         self._all_slots: list[_Slot] = []
+        self._slot_pool: SlotPool[_Slot] = SlotPool(self._all_slots)
         self._launcher: ThreadPoolExecutor | None = None
         self._collector: ThreadPoolExecutor | None = None
         self._scale: Any = None
@@ -271,12 +271,7 @@ class TorchEngine(Engine):
         loop = asyncio.get_running_loop()
         if not self.cuda:
             return await loop.run_in_executor(self._launcher, self._cpu_run, frames)
-        if self._slots is None:  # created on the loop that serves
-            self._slots = asyncio.Queue()
-            for s in self._all_slots:
-                self._slots.put_nowait(s)
-        slot = await self._slots.get()
-        try:
+        async with self._slot_pool.take() as slot:
             try:
                 layout = await loop.run_in_executor(self._launcher, self._launch, slot, frames)
                 await self._rt().wait(slot.event)
@@ -288,8 +283,6 @@ class TorchEngine(Engine):
                 self._collector, self._collect, slot, layout, len(frames)
             )
             return outputs
-        finally:
-            self._slots.put_nowait(slot)
 
     @staticmethod
     def _collect(slot: _Slot, layout: list[tuple[int, tuple[int, ...]]], n: int) -> list[Any]:

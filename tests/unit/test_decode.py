@@ -7,12 +7,13 @@ import pytest
 
 from edge_vision.decode import (
     BufferPool,
+    DecodedFrame,
+    Decoder,
     ImageHeader,
     OpenCvDecoder,
     PillowDecoder,
     SimpleJpegDecoder,
     check_pixel_limit,
-    decode_image,
     pick_decoder,
     read_image_header,
 )
@@ -50,18 +51,17 @@ def test_pixel_limit_refuses_before_decoding() -> None:
     assert "40000x40000" in info.value.message
 
 
-def _decode(decoder: object, data: bytes, min_size: tuple[int, int] | None, pool: BufferPool):  # type: ignore[no-untyped-def]
-    return decode_image(
-        data,
-        decoder=decoder,
-        pool=pool,
-        max_pixels=10**8,  # type: ignore[arg-type]
-        min_size_for=lambda h: min_size,
-    )
+def _decode(
+    decoder: Decoder, data: bytes, min_size: tuple[int, int] | None, pool: BufferPool
+) -> DecodedFrame:
+    """Header, pixel limit, decode: the order the pipeline runs them in."""
+    header = read_image_header(data)
+    check_pixel_limit(header, 10**8)
+    return decoder.decode(data, header, min_size, pool)
 
 
 @pytest.mark.parametrize("decoder", [SimpleJpegDecoder(), OpenCvDecoder(), PillowDecoder()])
-def test_every_decoder_gives_the_same_bgr_pixels(decoder: object) -> None:
+def test_every_decoder_gives_the_same_bgr_pixels(decoder: Decoder) -> None:
     rgb = np.zeros((64, 96, 3), np.uint8)
     rgb[..., 0] = 220  # red
     rgb[:, 48:, 2] = 200  # blue on the right
@@ -73,7 +73,7 @@ def test_every_decoder_gives_the_same_bgr_pixels(decoder: object) -> None:
 
 
 @pytest.mark.parametrize("decoder", [SimpleJpegDecoder(), OpenCvDecoder(), PillowDecoder()])
-def test_dct_downscale_never_goes_below_the_needed_size(decoder: object) -> None:
+def test_dct_downscale_never_goes_below_the_needed_size(decoder: Decoder) -> None:
     data = blank_scene(1280, 720).jpeg()
     frame = _decode(decoder, data, (640, 360), BufferPool())
     h, w = frame.pixels.shape[:2]
