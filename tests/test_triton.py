@@ -52,9 +52,8 @@ def triton_process(
     tmp_path_factory: pytest.TempPathFactory, spec: ModelSpec
 ) -> Iterator[TritonProcess]:
     proc = TritonProcess(tmp_path_factory.mktemp("triton"), spec.path)
-    proc.start()
     try:
-        proc.wait_ready()
+        proc.start()
         yield proc
     finally:
         proc.stop()
@@ -66,7 +65,6 @@ def triton(triton_process: TritonProcess) -> TritonProcess:
     if not triton_process.alive:
         triton_process.stop()
         triton_process.start()
-        triton_process.wait_ready()
     return triton_process
 
 
@@ -322,7 +320,6 @@ async def test_triton_killed_mid_stream_degrades_to_the_local_engine_and_comes_b
     assert metric(text, "edge_vision_engine_degraded") == 1
 
     await asyncio.to_thread(triton.start)
-    await asyncio.to_thread(triton.wait_ready)
 
     async def back_on_triton() -> bool:
         status, ready = await readyz(session, server)
@@ -362,7 +359,6 @@ async def test_triton_killed_without_fallback_answers_engine_unavailable_and_rec
     assert metric(text, 'edge_vision_triton_request_failures_total{status="UNAVAILABLE"}') > 0
 
     await asyncio.to_thread(triton.start)
-    await asyncio.to_thread(triton.wait_ready)
 
     async def answered_by_triton() -> bool:
         await stream.send(1, 0.0)
