@@ -90,8 +90,11 @@ async def readyz(request: web.Request) -> web.Response:
     service, keeper = app[SERVICE], app[KEEPER]
     startup = app[STATE].get("startup_error")
     unhealthy = await service.health()
+    # With server.workers > 1 any worker may answer this probe, and the kernel hands new
+    # sockets to any of them: the node is ready only once every worker is warm.
+    workers_warm = app[STATE].get("workers_warm", lambda: True)()
     body = {
-        "ready": unhealthy is None and not app[STATE].get("stopping", False),
+        "ready": unhealthy is None and workers_warm and not app[STATE].get("stopping", False),
         "engine_problem": unhealthy,
         "engine": _engine_json(service),
         "state": keeper.status(),  # degraded state never makes the node unready
@@ -100,6 +103,8 @@ async def readyz(request: web.Request) -> web.Response:
     }
     if startup:
         body["error"] = startup
+    if not workers_warm:
+        body["workers"] = "not all workers of this node are warm yet"
     return web.json_response(body, status=200 if body["ready"] else 503)
 
 
@@ -362,10 +367,14 @@ def run_server(config: Config) -> None:
     _serve_until_signalled(config, reuse_port=False, on_ready=lambda: systemd.notify("READY=1"))
 
 
-def _serve_until_signalled(config: Config, reuse_port: bool, on_ready: Any) -> None:
+def _serve_until_signalled(
+    config: Config, reuse_port: bool, on_ready: Any, workers_warm: Any = None
+) -> None:
     from . import systemd
 
     app = create_app(config)
+    if workers_warm is not None:
+        app[STATE]["workers_warm"] = workers_warm
 
     async def _notify_when_ready(app: web.Application) -> AsyncIterator[None]:
         async def watch() -> None:
@@ -396,14 +405,19 @@ def _serve_until_signalled(config: Config, reuse_port: bool, on_ready: Any) -> N
     )
 
 
-def _worker_main(config_json: str, index: int, ready: Any) -> None:
+def _worker_main(config_json: str, index: int, events: list[Any]) -> None:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s %(levelname)s w{index} %(name)s: %(message)s"
     )
     config = Config.model_validate_json(config_json)
     if config.state.node_id:
         config.state.node_id = f"{config.state.node_id}-w{index}"
-    _serve_until_signalled(config, reuse_port=True, on_ready=ready.set)
+    _serve_until_signalled(
+        config,
+        reuse_port=True,
+        on_ready=events[index].set,
+        workers_warm=lambda: all(e.is_set() for e in events),
+    )
 
 
 def _run_workers(config: Config) -> None:
@@ -417,8 +431,8 @@ def _run_workers(config: Config) -> None:
     ctx = mp.get_context("spawn")
     events = [ctx.Event() for _ in range(config.server.workers)]
     procs = [
-        ctx.Process(target=_worker_main, args=(config.model_dump_json(), i, ev), name=f"w{i}")
-        for i, ev in enumerate(events)
+        ctx.Process(target=_worker_main, args=(config.model_dump_json(), i, events), name=f"w{i}")
+        for i in range(len(events))
     ]
     for p in procs:
         p.start()
