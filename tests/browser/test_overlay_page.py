@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 from PIL import Image
@@ -236,6 +237,40 @@ def test_image_file_source_sent_as_json_is_scaled_and_boxed(
     console.assert_clean()
 
 
+def test_video_file_source_plays_in_a_loop_and_is_boxed(
+    page_server: ServerProcess, open_page: PageOpener, tmp_path: Path
+) -> None:
+    """A recorded clip chosen as a file (VP8 WebM, which Chromium plays without proprietary
+    codecs): the page plays it, sends it scaled to the model's input, boxes land on its
+    text, and frames keep coming after the clip's end because it loops."""
+    size, fps, frames = (960, 540), 15, 30  # a 2 s clip
+    texts = [("PALLET 3318", (90, 120)), ("BAY 12", (90, 330))]
+    scenes = [text_scene(*size, texts=texts, font_size=60, seed=s) for s in range(frames)]
+    clip = tmp_path / "clip.webm"
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"VP80"), fps, size)
+    assert writer.isOpened(), "OpenCV here cannot write VP8 WebM"
+    for scene in scenes:
+        writer.write(np.ascontiguousarray(scene.rgb[:, :, ::-1]))
+    writer.release()
+
+    page, console = open_page(page_server.url + "/")
+    wait_for_hud(page, "h.state === 'open'")
+    page.select_option("#source-kind", "file")
+    page.set_input_files("#file", str(clip))
+    wait_for_hud(page, BOXES_SHOWN + " && h.answered >= 3")
+    assert "960×540 → 640×360" in page.locator("#hud-frame").inner_text()
+    eventually(
+        lambda: assert_boxes_over_text(
+            page, scenes[0].text_boxes, no_text=(620.0, 40.0, 940.0, 520.0), size=size
+        )
+    )
+    time.sleep(T(1.5 * frames / fps))  # well past the clip's end
+    after_end = read_hud(page)
+    wait_for_hud(page, f"h.answered >= {after_end.answered + 5}")
+    assert page.evaluate("() => { const v = document.querySelector('video'); return !v.ended }")
+    console.assert_clean()
+
+
 def test_phone_portrait_and_landscape(
     page_server: ServerProcess, open_page: PageOpener, screenshots: Path
 ) -> None:
@@ -380,5 +415,41 @@ def test_page_reconnects_by_itself_after_the_server_goes_away(
         console.assert_clean()
         print(f"\nwhile the server was down Chromium logged: {sorted(set(console.tolerated))}")
     finally:
+        open_page.close_all()
+        server.stop()
+
+
+def test_a_server_that_stops_answering_is_noticed_and_left(
+    open_page: PageOpener, tmp_path: Path
+) -> None:
+    """The server process is frozen (SIGSTOP): its sockets stay open and nothing comes back,
+    as on a network that died without TCP noticing. The page counts the unanswered frame as
+    lost, gives the silent connection up with a reason on screen, and once the server runs
+    again (SIGCONT) it is back on the same session by itself."""
+    server = LoggedServerProcess(log_path=tmp_path / "server.log").start()
+    try:
+        server.wait_ready_blocking()
+        page, console = open_page(server.url + "/")
+        wait_for_hud(page, BOXES_SHOWN + " && h.answered >= 3")
+        old_session = session_id(page)
+        with console.expect_server_down():
+            server.signal(signal.SIGSTOP)
+            try:
+                frozen = wait_for_hud(page, "h.lost >= 1", timeout=20)  # 10 s answer timeout
+                wait_for_hud(  # 15 s without any message, checked at the 5 s ping
+                    page,
+                    "h.state === 'waiting' && h.connection_text.includes('stopped answering')",
+                    timeout=30,
+                )
+            finally:
+                server.signal(signal.SIGCONT)
+            back = wait_for_hud(
+                page, BOXES_SHOWN + f" && h.answered >= {frozen.answered + 3}", timeout=30
+            )
+        assert f"session {old_session} (resumed)" in back.connection_text
+        eventually(lambda: assert_boxes_over_text(page))
+        console.assert_clean()
+    finally:
+        server.signal(signal.SIGCONT)  # never leave a frozen process behind
         open_page.close_all()
         server.stop()
