@@ -35,7 +35,7 @@ from .metrics import Metrics
 from .models import ModelSpec, load_model_spec
 from .pipeline import FramePipeline
 from .receive import PROTOCOL_VERSION
-from .session import Session, new_session
+from .session import MAX_FORWARDED_FOR, Session, new_session
 from .state import StateKeeper, create_store
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
         )
     else:
         session.client = request.remote or session.client
-        session.forwarded_for = forwarded_for[:256]
+        session.forwarded_for = forwarded_for[:MAX_FORWARDED_FOR]
     if mode_q in ("latest", "every"):
         session.mode = mode_q  # type: ignore[assignment]
 
@@ -416,8 +416,13 @@ def _worker_main(config_json: str, index: int, events: list[Any]) -> None:
         config,
         reuse_port=True,
         on_ready=events[index].set,
-        workers_warm=lambda: all(e.is_set() for e in events),
+        workers_warm=lambda: _all_set(events),
     )
+
+
+def _all_set(events: list[Any]) -> bool:
+    """Every worker of this node has finished warming up."""
+    return all(e.is_set() for e in events)
 
 
 def _run_workers(config: Config) -> None:
@@ -446,7 +451,7 @@ def _run_workers(config: Config) -> None:
     signal.signal(signal.SIGINT, forward)
     ready_sent = False
     while any(p.is_alive() for p in procs):
-        if not ready_sent and all(e.is_set() for e in events):
+        if not ready_sent and _all_set(events):
             systemd.notify("READY=1")
             log.info("%d workers ready on port %s", len(procs), config.server.port)
             ready_sent = True

@@ -76,7 +76,6 @@ class TritonProcess:
         self.log_path = workdir / "run0" / "triton.log"
         self.workspace = workdir / "run0" / "workspace"
         self.starts = 0
-        self.race_retries = 0  # starts that lost pytriton's handshake race (see start())
 
     @property
     def url(self) -> str:
@@ -101,7 +100,6 @@ class TritonProcess:
                 if attempt == attempts or HANDSHAKE_RACE not in str(exc):
                     raise
                 log.warning("Triton start %d lost pytriton's handshake race; again", attempt)
-                self.race_retries += 1
                 self._reap(grace=T(20))
 
     def _launch(self) -> None:
