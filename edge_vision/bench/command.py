@@ -63,8 +63,11 @@ def _free_port() -> int:
 class _Server:
     """A server process for the duration of a load run, with its memory sampled."""
 
-    def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
-        self.argv, self.port, self.log_path = argv, port, log_path
+    def __init__(
+        self, argv: list[str], port: int, log_path: Path, ready_path: str | None = "/readyz"
+    ) -> None:
+        """``ready_path`` None: ready once the port accepts (a server without /readyz)."""
+        self.argv, self.port, self.log_path, self.ready_path = argv, port, log_path, ready_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.rss: list[tuple[float, float]] = []
 
@@ -83,10 +86,10 @@ class _Server:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"server exited early; see {self.log_path}")
             try:
-                url = f"http://127.0.0.1:{self.port}/readyz"
-                if "baseline" in " ".join(self.argv):
+                if self.ready_path is None:
                     with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                         return
+                url = f"http://127.0.0.1:{self.port}{self.ready_path}"
                 with urllib.request.urlopen(url, timeout=1) as r:
                     if r.status == 200:
                         return
@@ -375,7 +378,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     argv += ["--model", str(args.model)]
                 if threads:
                     argv += ["--threads", threads]
-                with _Server(argv, port, out / "baseline.log") as srv:
+                with _Server(argv, port, out / "baseline.log", ready_path=None) as srv:
                     runs.append(
                         _load_run("baseline", f"ws://127.0.0.1:{port}/ws", jpegs, n, args, srv)
                     )

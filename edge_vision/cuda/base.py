@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -99,7 +98,6 @@ class CudaRuntime(ABC):
     def __init__(self) -> None:
         # Waiting threads: each blocks in an event synchronise, never the loop.
         self._waiters = ThreadPoolExecutor(8, thread_name_prefix=f"{self.name}-wait")
-        self._lock = threading.Lock()
 
     # -- device ---------------------------------------------------------------------
     @abstractmethod

@@ -43,6 +43,7 @@ import numpy.typing as npt
 
 from ..config import TensorRTConfig
 from ..errors import ConfigError, EngineError, ModelError
+from ..models import file_sha256
 from ..shape import InputLimits, Normalisation, choose_input_shape, letterbox_into, plan_letterbox
 
 log = logging.getLogger(__name__)
@@ -497,14 +498,6 @@ def read_record(path: Path) -> PlanRecord | None:
         return None
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def lookup_plan(engine_dir: Path, key: PlanKey) -> PlanLookup:
     """Find the plan for ``key`` under ``engine_dir`` (blocking file I/O).
 
@@ -534,7 +527,7 @@ def lookup_plan(engine_dir: Path, key: PlanKey) -> PlanLookup:
         problem = f"{json_path.name} records another key ({record.key})"
     elif not plan_path.is_file():
         problem = f"{plan_path.name} is missing"
-    elif plan_path.stat().st_size != record.plan_bytes or _sha256_file(plan_path) != (
+    elif plan_path.stat().st_size != record.plan_bytes or file_sha256(plan_path) != (
         record.plan_sha256
     ):
         problem = f"{plan_path.name} differs from the plan its record describes"

@@ -18,13 +18,8 @@ from redis.backoff import NoBackoff
 
 from edge_vision.state.redis import driver_info_options
 
+from .server import free_port
 from .timing import T
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_self_signed_cert(folder: Path) -> tuple[Path, Path]:
@@ -72,7 +67,7 @@ class RedisServer:
             raise RuntimeError("redis-server is not installed; scripts/test installs it")
         self.exe = exe
         self.workdir = workdir
-        self.port = _free_port()
+        self.port = free_port()
         self.password = password
         # Unix socket paths are limited to ~107 bytes; pytest's tmp_path can be longer.
         self._sock_dir = Path(tempfile.mkdtemp(prefix="ev-redis-")) if unix_socket else None
