@@ -2,7 +2,9 @@
 
 * the reader parses messages, answers bad ones with ``error`` at once, admits frames;
 * the producer takes admitted frames while fewer than the mode's limit are in flight
-  (``latest``: one; ``every``: ``session.every_in_flight``) and starts their processing;
+  (``session.latest_in_flight`` or ``session.every_in_flight``) and starts their
+  processing; in ``latest`` mode one frame decodes at a time and a newer decoded frame
+  takes the place of the one still waiting for the engine, which is dropped at once;
 * the sender writes replies strictly in admission order.
 
 Nothing here is CPU-bound: parsing is a JSON load, every stage of the pipeline runs in
@@ -126,6 +128,7 @@ class Connection:
             # dropped, so received = answered + dropped + rejected holds after a resume too.
             self._count_dropped(len(self.admission.core.drain()) + self._in_flight)
             self._in_flight = 0
+            self._idle.set()
 
     def _limit(self) -> int:
         s = self.ctx.config.session
@@ -154,13 +157,7 @@ class Connection:
         while True:
             task = await self._ordered.get()
             text, is_result = await task
-            if text is None:  # superseded by a newer frame before inference: dropped
-                self._count_dropped(1)
-                async with self._capacity:
-                    self._in_flight -= 1
-                    if self._in_flight == 0:
-                        self._idle.set()
-                    self._capacity.notify_all()
+            if text is None:  # superseded: already counted and its place given back
                 continue
             try:
                 await self.send(text)
@@ -173,11 +170,15 @@ class Connection:
                     self.session.answered += 1
                     self.ctx.metrics.frames_answered.inc()
             finally:
-                async with self._capacity:
-                    self._in_flight -= 1
-                    if self._in_flight == 0:
-                        self._idle.set()
-                    self._capacity.notify_all()
+                await self._release()
+
+    async def _release(self) -> None:
+        """A frame taken from admission is done with: its place goes to the next one."""
+        async with self._capacity:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+            self._capacity.notify_all()
 
     async def _process(
         self, frame: FrameMessage, taken_at: float, latest: bool
@@ -194,6 +195,12 @@ class Connection:
                 on_prepared=self._decode_idle.set,
             )
         except FrameSuperseded:
+            # Its place is given back now rather than in reply order: held until the frame
+            # ahead of it was sent, it kept the newest frame from being taken, so the engine
+            # next ran an older one and a frame waited for two. (Counted after the release:
+            # if cancelled before it, the shutdown count in serve() includes it.)
+            await self._release()
+            self._count_dropped(1)
             return None, False
         except ClientError as e:
             return self._rejected(e.with_frame_id(frame.id)), False

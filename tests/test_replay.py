@@ -40,7 +40,7 @@ from .support.video import TextClip, read_video, text_frames, write_image_folder
 
 # The slow engine setting for --realtime: a 640x360 source upscaled to a 1280-wide input
 # on one ONNX Runtime thread takes several source frame intervals per frame on this class
-# of machine (about 200 ms here against 33 ms), so latest-wins must drop.
+# of machine (0.2 to 2 s, varying by day, against 67 ms at 15 fps), so latest-wins must drop.
 SLOW_ENGINE = {
     "model": {"input_size": 1280},
     "engine": {"onnxruntime": {"threads": 1}, "warmup_shapes": [[720, 1280]]},
@@ -124,6 +124,14 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def clip(media: Path) -> TextClip:
     return write_text_clip(media / "line.mp4", 640, 360, frames=48, fps=30.0)
+
+
+@pytest.fixture(scope="module")
+def realtime_clip(media: Path) -> TextClip:
+    """Long enough (4.8 s) for the slow engine to answer several frames even on a slow day
+    (0.2 to 2 s a frame on these machines), at 15 fps so that the text still moves about
+    5 px a frame and each result can be matched to its own frame."""
+    return write_text_clip(media / "realtime.mp4", 640, 360, frames=72, fps=15.0)
 
 
 @pytest.fixture(scope="module")
@@ -251,15 +259,21 @@ def check_realtime_run(run: Run, clip: TextClip) -> None:
     assert [ln["dropped"] for ln in lines][-1] == run.summary["dropped"]
     for ln in answered:
         assert_result_belongs_to_its_frame(ln, clip)
-    # Bounded: a frame waits for at most the one in the engine, then is served itself.
+    # Current: the engine always takes the newest frame. A frame that a newer one could still
+    # replace was the newest when the engine freed up, so it waited at most about one source
+    # interval and its latency is one frame's processing (a stale pick shows as about 2x).
+    # Only the last frame can also wait for the whole frame in the engine.
     one_frame_ms = max(ln["timing"]["server_ms"] - ln["timing"]["queue_ms"] for ln in answered)
-    for ln in answered:
-        assert ln["timing"]["latency_ms"] <= 2 * one_frame_ms + T(1) * 300, (ln, one_frame_ms)
+    *earlier, last = answered
+    for ln in earlier:
+        assert ln["timing"]["latency_ms"] <= 1.5 * one_frame_ms, (ln, one_frame_ms)
+    assert last["timing"]["latency_ms"] <= 2 * one_frame_ms + T(1) * 300, (last, one_frame_ms)
 
 
 def test_realtime_in_process_drops_and_stays_current_on_a_slow_engine(
-    clip: TextClip, tmp_path: Path
+    realtime_clip: TextClip, tmp_path: Path
 ) -> None:
+    clip = realtime_clip
     run = run_replay(tmp_path, str(clip.path), "--realtime", *SLOW_ENGINE_ARGS, out=True)
     assert run.code == 0 and run.summary["mode"] == "latest"
     check_realtime_run(run, clip)
@@ -271,8 +285,9 @@ def test_realtime_in_process_drops_and_stays_current_on_a_slow_engine(
 
 
 async def test_realtime_against_a_slow_server_counts_the_servers_drops(
-    server_factory: Any, clip: TextClip, tmp_path: Path
+    server_factory: Any, realtime_clip: TextClip, tmp_path: Path
 ) -> None:
+    clip = realtime_clip
     slow_spec = await asyncio.to_thread(load_model_spec, ModelConfig(input_size=1280), 4)
     srv = await server_factory(SLOW_ENGINE, slow_spec)
     run = await asyncio.to_thread(
