@@ -6,7 +6,7 @@ import argparse
 import importlib
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,30 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
-    for register in _SUBCOMMANDS:
-        register(sub)
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(f"edge_vision.{name}").register_cli(sub)
     return parser
 
 
 # Subcommands that live in their own modules; each has ``register_cli(subparsers)`` and
-# keeps its heavy imports inside the command function.
+# keeps its heavy imports inside the command function. Imported when the parser is built:
+# they import this module for the shared config flags.
 SUBCOMMAND_MODULES = ("replay", "bench", "build_engine")
-
-
-def _subcommand_registrars() -> list[Callable[[Any], None]]:
-    registrars: list[Callable[[Any], None]] = []
-    for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"edge_vision.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"edge_vision.{name}":
-                raise
-            continue  # that subcommand has not been written yet
-        registrars.append(module.register_cli)
-    return registrars
-
-
-_SUBCOMMANDS = _subcommand_registrars()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -173,12 +173,7 @@ class YoloV8Head:
             return empty_detections()
         xyxy = _xywh_to_xyxy(pred[:4, sel].T)
         return _nms_detections(
-            xyxy,
-            scores[sel],
-            classes[sel].astype(np.float32),
-            self.nms_iou,
-            lb,
-            self.max_detections,
+            xyxy, scores[sel], classes[sel], self.nms_iou, lb, self.max_detections
         )
 
 
@@ -203,12 +198,7 @@ class YoloV5Head:
             return empty_detections()
         xyxy = _xywh_to_xyxy(pred[sel, :4])
         return _nms_detections(
-            xyxy,
-            scores[sel],
-            classes[sel].astype(np.float32),
-            self.nms_iou,
-            lb,
-            self.max_detections,
+            xyxy, scores[sel], classes[sel], self.nms_iou, lb, self.max_detections
         )
 
 
