@@ -33,10 +33,10 @@ async def with_timeout(aw: Awaitable[T], timeout: float | None) -> T:
     return task.result()
 
 
-async def send_within(aw: Awaitable[T], timeout: float) -> T:
-    """``with_timeout`` for hot paths (a reply per frame): on Python 3.11+ a deadline on the
-    current task (``asyncio.timeout``: one timer, no extra task, cancellation-safe); on
-    3.10 the general helper."""
+async def within(aw: Awaitable[T], timeout: float | None) -> T:
+    """``with_timeout`` for hot paths (a reply per frame, every batcher wake-up): on Python
+    3.11+ a deadline on the current task (``asyncio.timeout``: one timer, no extra task,
+    cancellation-safe); on 3.10 the general helper."""
     if sys.version_info >= (3, 11):
         async with asyncio.timeout(timeout):
             return await aw
@@ -48,7 +48,7 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     if event.is_set():
         return True
     try:
-        await with_timeout(event.wait(), timeout)
+        await within(event.wait(), timeout)
     except TimeoutError:
         return False
     return True

@@ -26,7 +26,7 @@ from aiohttp.http_websocket import WebSocketError
 
 from . import reply
 from .admit import Admission
-from .aio import send_within, with_timeout
+from .aio import with_timeout, within
 from .config import Config
 from .errors import ClientError, EngineError, FrameSuperseded
 from .metrics import Metrics
@@ -90,7 +90,7 @@ class Connection:
             raise ConnectionDone
         async with self._send_lock:
             try:
-                await send_within(self.ws.send_str(text), self.ctx.config.server.send_timeout_s)
+                await within(self.ws.send_str(text), self.ctx.config.server.send_timeout_s)
             except TimeoutError:
                 await self.close(CLOSE_SLOW_CLIENT, "client is not reading results", "slow_client")
                 raise ConnectionDone from None
