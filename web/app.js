@@ -5,7 +5,7 @@ import { SessionConnection } from "./connection.js";
 import { Overlay } from "./overlay.js";
 import { PROTOCOL_VERSION, sameClasses, settingsMessage } from "./protocol.js";
 import { FrameSender } from "./sender.js";
-import { SourceManager } from "./source.js";
+import { SourceManager, naturalSize } from "./source.js";
 import { RollingWindow, TimingWindow } from "./stats.js";
 
 const $ = (id) => document.getElementById(id);
@@ -421,9 +421,7 @@ function updateHud() {
     { server: counters.serverDropped, lost: counters.lost },
   );
   setHud("hud-boxes", String(overlay.visibleBoxes), { value: overlay.visibleBoxes });
-  const el = sources.element;
-  const natW = el ? el.videoWidth || el.naturalWidth || 0 : 0;
-  const natH = el ? el.videoHeight || el.naturalHeight || 0 : 0;
+  const { width: natW, height: natH } = naturalSize(sources.element);
   setHud(
     "hud-frame",
     lastFrame
@@ -544,9 +542,7 @@ function main() {
 
 // The phone portrait layout sizes the stage to the picture's aspect ratio (style.css).
 function onPictureSize() {
-  const el = sources.element;
-  const w = el ? el.videoWidth || el.naturalWidth : 0;
-  const h = el ? el.videoHeight || el.naturalHeight : 0;
+  const { width: w, height: h } = naturalSize(sources.element);
   if (w && h) ui.stage.style.setProperty("--aspect", `${w} / ${h}`);
   requestRender();
 }

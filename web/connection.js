@@ -1,7 +1,7 @@
 // One WebSocket session with the server that survives restarts and network drops:
 // reconnect with exponential backoff and jitter, resume with the token from `hello` (or from
-// `closing`), an application-level ping that both measures the round trip and notices a
-// dead network, and a plain-words reason when the server refuses (docs/protocol.md).
+// `closing`), an application-level ping that notices a dead network, and a plain-words
+// reason when the server refuses (docs/protocol.md).
 
 import { pingMessage } from "./protocol.js";
 
@@ -28,13 +28,11 @@ export class SessionConnection {
     this.handlers = handlers;
     this.ws = null;
     this.resumeToken = null;
-    this.sessionId = null;
     this.hello = null;
     this.attempt = 0;
     this.retryTimer = null;
     this.pingTimer = null;
     this.lastReceivedAt = 0;
-    this.rttMs = null;
     this.stopped = true;
     this.state = { kind: "idle", text: "not connected" };
   }
@@ -74,11 +72,6 @@ export class SessionConnection {
     if (!this.isOpen) return false;
     this.ws.send(data);
     return true;
-  }
-
-  /** Bytes queued in the socket and not yet on the wire. */
-  get buffered() {
-    return this.ws ? this.ws.bufferedAmount : 0;
   }
 
   _setState(state) {
@@ -125,11 +118,6 @@ export class SessionConnection {
         closingHint = true;
         if (msg.resume_token) this.resumeToken = msg.resume_token;
         this._setState({ kind: "connecting", text: "server is restarting; will resume" });
-      } else if (msg.type === "pong") {
-        if (msg.payload && typeof msg.payload.t === "number") {
-          this.rttMs = performance.now() - msg.payload.t;
-        }
-        this.handlers.onMessage(msg);
       } else {
         this.handlers.onMessage(msg);
       }
@@ -161,7 +149,6 @@ export class SessionConnection {
   _onHello(hello) {
     const wasResuming = this.resumeToken !== null;
     this.hello = hello;
-    this.sessionId = hello.session_id;
     this.resumeToken = hello.resume_token;
     this.attempt = 0;
     clearInterval(this.pingTimer);

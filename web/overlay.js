@@ -3,6 +3,7 @@
 // it belongs to. Old boxes fade out when results stop coming instead of lingering.
 
 import { contentRect, frameToCanvas } from "./geometry.js";
+import { naturalSize } from "./source.js";
 
 const LABEL_FONT_PX = 12;
 
@@ -98,11 +99,6 @@ export class Overlay {
     this.current = { result, frame, receivedAt };
   }
 
-  clear() {
-    if (this.current) this.current.frame.picture.close();
-    this.current = null;
-  }
-
   /** Opacity of the current boxes: 1 while fresh, fading to 0 after `staleAfterMs`. */
   alpha(now) {
     if (!this.current) return 0;
@@ -129,14 +125,13 @@ export class Overlay {
     this.mapping = null;
     const media = this.media();
     if (!media || !this.current || cssRect.width === 0) return Infinity;
-    const natW = media instanceof HTMLVideoElement ? media.videoWidth : media.naturalWidth;
-    const natH = media instanceof HTMLVideoElement ? media.videoHeight : media.naturalHeight;
+    const nat = naturalSize(media);
     const style = getComputedStyle(media);
     const rect = contentRect(
       media.clientWidth,
       media.clientHeight,
-      natW,
-      natH,
+      nat.width,
+      nat.height,
       style.objectFit,
       style.objectPosition,
     );

@@ -5,6 +5,7 @@
 
 import { encodeBinaryFrame, encodeJsonFrame } from "./protocol.js";
 import { sendSize } from "./geometry.js";
+import { naturalSize } from "./source.js";
 
 // A frame unanswered this long is written off (lost on the network, or the server dropped
 // it in favour of a newer one without our noticing) so its slot is not held forever.
@@ -81,10 +82,6 @@ export class FrameSender {
     if (n) this.handlers.onLost(n);
   }
 
-  get inFlight() {
-    return this.pending.size;
-  }
-
   /** Send the newest frame if everything allows it now; otherwise come back when it might. */
   tick() {
     clearTimeout(this.timer);
@@ -124,8 +121,8 @@ export class FrameSender {
   _ready() {
     const s = this.source;
     if (!s) return false;
-    if (s instanceof HTMLVideoElement) return s.readyState >= 2 && s.videoWidth > 0;
-    return s.complete && s.naturalWidth > 0;
+    const loaded = s instanceof HTMLVideoElement ? s.readyState >= 2 : s.complete;
+    return loaded && naturalSize(s).width > 0;
   }
 
   _expire() {
@@ -150,15 +147,14 @@ export class FrameSender {
   async _captureAndSend() {
     this.encoding = true;
     const source = this.source;
-    const srcW = source instanceof HTMLVideoElement ? source.videoWidth : source.naturalWidth;
-    const srcH = source instanceof HTMLVideoElement ? source.videoHeight : source.naturalHeight;
+    const src = naturalSize(source);
     const capturedAt = performance.now();
     const ts = performance.timeOrigin + capturedAt;
     const presented = this.presentedFrames;
     // The picture is kept at full size: the overlay can show exactly this frame under its
     // boxes, and a snapshot is this frame with its boxes.
     const picture = await createImageBitmap(source);
-    const { width, height } = sendSize(srcW, srcH, this.options.maxSide);
+    const { width, height } = sendSize(src.width, src.height, this.options.maxSide);
     if (this.canvas.width !== width || this.canvas.height !== height) {
       this.canvas.width = width;
       this.canvas.height = height;

@@ -9,6 +9,18 @@ export const RESOLUTIONS = {
   "1920x1080": [1920, 1080],
 };
 
+/**
+ * The intrinsic size of what a <video> or <img> shows (videoWidth/Height, naturalWidth/Height);
+ * 0 × 0 for no element or one not loaded yet.
+ * @param {HTMLVideoElement | HTMLImageElement | null} el
+ * @returns {{width: number, height: number}}
+ */
+export function naturalSize(el) {
+  if (!el) return { width: 0, height: 0 };
+  if (el instanceof HTMLVideoElement) return { width: el.videoWidth, height: el.videoHeight };
+  return { width: el.naturalWidth, height: el.naturalHeight };
+}
+
 export class SourceManager {
   /**
    * @param {HTMLVideoElement} video
@@ -66,9 +78,7 @@ export class SourceManager {
     this._release();
     const stream = await navigator.mediaDevices.getUserMedia({ video, audio: false });
     this.stream = stream;
-    this.kind = "camera";
-    this.image.hidden = true;
-    this.video.hidden = false;
+    this._show("camera");
     this.video.loop = false;
     this.video.srcObject = stream;
     await this._play();
@@ -87,16 +97,12 @@ export class SourceManager {
       });
       this._release();
       this.objectUrl = url;
-      this.kind = "image";
-      this.video.hidden = true;
-      this.image.hidden = false;
+      this._show("image");
       return;
     }
     this._release();
     this.objectUrl = url;
-    this.kind = "video";
-    this.image.hidden = true;
-    this.video.hidden = false;
+    this._show("video");
     this.video.srcObject = null;
     this.video.loop = true;
     this.video.src = url;
@@ -108,6 +114,13 @@ export class SourceManager {
     if (this.kind !== "camera" && this.kind !== "video") return;
     if (paused) this.video.pause();
     else this._play().catch(() => {});
+  }
+
+  /** Make `kind` the current source and show the element it plays in, hiding the other. */
+  _show(kind) {
+    this.kind = kind;
+    this.image.hidden = kind !== "image";
+    this.video.hidden = kind === "image";
   }
 
   async _play() {

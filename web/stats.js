@@ -22,11 +22,6 @@ export class RollingWindow {
     if (drop) this.items.splice(0, drop);
   }
 
-  count(now) {
-    this.prune(now);
-    return this.items.length;
-  }
-
   /** Events per second; while the window is still filling, over the time seen so far. */
   rate(now) {
     this.prune(now);
@@ -48,11 +43,6 @@ export class RollingWindow {
     this.prune(now);
     if (!this.items.length) return null;
     return this.items.reduce((sum, i) => sum + i.v, 0) / this.items.length;
-  }
-
-  reset() {
-    this.items = [];
-    this.startedAt = null;
   }
 }
 
