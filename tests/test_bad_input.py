@@ -14,6 +14,7 @@ from edge_vision.aio import with_timeout
 
 from .support.clients import connect, frame_binary, frame_json, recv, recv_type
 from .support.images import png_header_only, text_scene
+from .support.scrape import metrics_text
 from .support.server import RunningServer
 from .support.timing import T
 
@@ -111,8 +112,7 @@ async def test_a_50_mb_message_costs_nobody_else_a_frame(server_factory: Any) ->
             aiohttp.WSMsgType.ERROR,
         )
         await with_timeout(streaming, T(60))
-        async with s.get(srv.url + "/metrics") as r:
-            metrics = await r.text()
+        metrics = await metrics_text(s, srv.url)
         await bystander.close()
     assert answered == list(range(8))
     assert 'edge_vision_connections_closed_total{reason="message_too_large"} 1.0' in metrics

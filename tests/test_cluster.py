@@ -34,7 +34,7 @@ from .support.cluster import (
     wait_until,
 )
 from .support.images import text_scene
-from .support.redis_server import RedisServer, raw_client
+from .support.redis_server import RedisServer, key_gone, raw_client
 from .support.server import free_port
 from .support.timing import T
 
@@ -147,64 +147,56 @@ async def test_clients_spread_over_both_nodes_and_each_node_lists_them_all(
 async def test_killing_a_node_sends_its_clients_to_the_other_through_resume(
     cluster: Cluster, record_property: Callable[[str, object], None]
 ) -> None:
-    raw = raw_client(cluster.redis.url)
-    try:
-        async with aiohttp.ClientSession() as http:
-            cams = [Camera(http, cluster.nginx.ws_url) for _ in range(4)]
-            for i, cam in enumerate(cams):
-                await cam.connect()
-                await cam.settings(confidence=0.2 + 0.1 * i)
-                for k in range(i + 1):
-                    await cam.frame(k)
+    async with raw_client(cluster.redis.url) as raw, aiohttp.ClientSession() as http:
+        cams = [Camera(http, cluster.nginx.ws_url) for _ in range(4)]
+        for i, cam in enumerate(cams):
+            await cam.connect()
+            await cam.settings(confidence=0.2 + 0.1 * i)
+            for k in range(i + 1):
+                await cam.frame(k)
 
-            async def flushed() -> bool:
-                for cam in cams:
-                    rec = await raw.hgetall(f"ev:session:{cam.hello['session_id']}")
-                    if rec.get("answered") != str(cam.answered):
-                        return False
-                return True
-
-            await wait_until(flushed, 10, "every session's counters in Redis")
-            victims = [c for c in cams if c.hello["node"] == "node-a"]
-            survivors = [c for c in cams if c.hello["node"] == "node-b"]
-            assert len(victims) == 2 and len(survivors) == 2
-
-            cluster.nodes["node-a"].signal(signal.SIGKILL)
-            killed = time.monotonic()
-            for cam in victims:
-                await cam.wait_closed(10)
-                before = cam.hello
-                after = await cam.connect(resume=before["resume_token"])
-                assert after["resumed"] is True and after["node"] == "node-b"
-                assert after["session_id"] == before["session_id"]
-                assert after["settings"]["confidence"] == cam.confidence
-                assert after["counters"]["answered"] == cam.answered
-                res = await cam.frame(100)
-                assert res["id"] == 100
-            record_property("sigkill_to_clients_resumed_s", round(time.monotonic() - killed, 3))
-            print(f"\nCONVERGENCE sigkill_to_clients_resumed_s = {time.monotonic() - killed:.2f} s")
-            for cam in survivors:  # the other node's clients never noticed
-                assert (await cam.frame(200))["id"] == 200
-
-            async def all_on_b() -> bool:
-                body = await get_json(http, cluster.nodes["node-b"].url + "/api/sessions")
-                live = {s["id"]: s["node"] for s in body["sessions"] if s["connected"]}
-                return live == {c.hello["session_id"]: "node-b" for c in cams}
-
-            await wait_until(all_on_b, 10, "every session on node-b")
-            await wait_until(lambda: _gone(raw, "ev:node:node-a"), 10, "node-a's key to expire")
-            record_property("sigkill_to_node_gone_s", round(time.monotonic() - killed, 3))
-            nodes = (await get_json(http, cluster.nginx.url + "/api/nodes"))["nodes"]
-            assert [n["id"] for n in nodes] == ["node-b"]
+        async def flushed() -> bool:
             for cam in cams:
-                assert cam.ws is not None
-                await cam.ws.close()
-    finally:
-        await raw.aclose()
+                rec = await raw.hgetall(f"ev:session:{cam.hello['session_id']}")
+                if rec.get("answered") != str(cam.answered):
+                    return False
+            return True
 
+        await wait_until(flushed, 10, "every session's counters in Redis")
+        victims = [c for c in cams if c.hello["node"] == "node-a"]
+        survivors = [c for c in cams if c.hello["node"] == "node-b"]
+        assert len(victims) == 2 and len(survivors) == 2
 
-async def _gone(raw: Any, key: str) -> bool:
-    return bool(await raw.exists(key) == 0)
+        cluster.nodes["node-a"].signal(signal.SIGKILL)
+        killed = time.monotonic()
+        for cam in victims:
+            await cam.wait_closed(10)
+            before = cam.hello
+            after = await cam.connect(resume=before["resume_token"])
+            assert after["resumed"] is True and after["node"] == "node-b"
+            assert after["session_id"] == before["session_id"]
+            assert after["settings"]["confidence"] == cam.confidence
+            assert after["counters"]["answered"] == cam.answered
+            res = await cam.frame(100)
+            assert res["id"] == 100
+        record_property("sigkill_to_clients_resumed_s", round(time.monotonic() - killed, 3))
+        print(f"\nCONVERGENCE sigkill_to_clients_resumed_s = {time.monotonic() - killed:.2f} s")
+        for cam in survivors:  # the other node's clients never noticed
+            assert (await cam.frame(200))["id"] == 200
+
+        async def all_on_b() -> bool:
+            body = await get_json(http, cluster.nodes["node-b"].url + "/api/sessions")
+            live = {s["id"]: s["node"] for s in body["sessions"] if s["connected"]}
+            return live == {c.hello["session_id"]: "node-b" for c in cams}
+
+        await wait_until(all_on_b, 10, "every session on node-b")
+        await wait_until(lambda: key_gone(raw, "ev:node:node-a"), 10, "node-a's key to expire")
+        record_property("sigkill_to_node_gone_s", round(time.monotonic() - killed, 3))
+        nodes = (await get_json(http, cluster.nginx.url + "/api/nodes"))["nodes"]
+        assert [n["id"] for n in nodes] == ["node-b"]
+        for cam in cams:
+            assert cam.ws is not None
+            await cam.ws.close()
 
 
 def _pid_alive(pid: int) -> bool:

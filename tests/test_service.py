@@ -20,6 +20,7 @@ from edge_vision.server import STARTUP
 
 from .support.clients import connect, frame_binary, recv, recv_type
 from .support.images import text_scene
+from .support.scrape import metric, metrics_text
 from .support.server import RunningServer, ServerProcess, make_config, running_server
 from .support.timing import T
 
@@ -147,8 +148,7 @@ async def test_a_client_that_never_reads_is_closed_and_costs_nobody_frames(
         deadline = time.monotonic() + T(20)
         text = ""
         while time.monotonic() < deadline:
-            async with s.get(srv.url + "/metrics") as r:
-                text = await r.text()
+            text = await metrics_text(s, srv.url)
             if 'reason="slow_client"' in text:
                 break
             await asyncio.sleep(0.2)
@@ -235,12 +235,8 @@ async def test_several_worker_processes_share_the_port_and_stop_together(tmp_pat
 async def test_an_idle_engine_is_kept_warm_without_client_frames(server_factory: Any) -> None:
     srv = await server_factory({"engine": {"keep_warm_idle_s": 0.5}})
     await asyncio.sleep(T(3))  # idle: no client sends anything
-    async with aiohttp.ClientSession() as s, s.get(srv.url + "/metrics") as r:
-        text = await r.text()
-    count = next(
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith("edge_vision_batch_size_count")
-    )
+    async with aiohttp.ClientSession() as s:
+        text = await metrics_text(s, srv.url)
+    count = metric(text, "edge_vision_batch_size_count")
     assert count >= 1, "no keep-warm inference ran while the service sat idle"
     assert "edge_vision_frames_received_total 0.0" in text

@@ -37,7 +37,8 @@ from edge_vision.state import keeper as keeper_module
 from .support.clients import connect, frame_binary, recv, recv_type
 from .support.cluster import get_json, node_process, wait_until
 from .support.images import text_scene
-from .support.redis_server import RedisServer, raw_client
+from .support.redis_server import RedisServer, key_gone, raw_client
+from .support.scrape import metric, metrics_text
 from .support.server import RunningServer
 from .support.timing import T
 
@@ -58,11 +59,8 @@ def small_spec() -> ModelSpec:
 
 @pytest.fixture
 async def raw(redis_server: RedisServer) -> AsyncIterator[Any]:
-    client = raw_client(redis_server.url)
-    try:
+    async with raw_client(redis_server.url) as client:
         yield client
-    finally:
-        await client.aclose()
 
 
 def overrides(
@@ -211,14 +209,10 @@ async def test_redis_holds_node_and_session_with_documented_keys_ttls_and_counte
 
         await c.ws.close()  # 1000: the session ends
         await wait_until(
-            lambda: _gone(raw, f"ev:session:{sid}"), 5, "session key deleted after close 1000"
+            lambda: key_gone(raw, f"ev:session:{sid}"), 5, "session key deleted after close 1000"
         )
         assert await raw.smembers("ev:node:node-a:sessions") == set()
         assert await raw.exists("ev:node:node-a") == 1
-
-
-async def _gone(raw: Any, key: str) -> bool:
-    return bool(await raw.exists(key) == 0)
 
 
 # -- resume ----------------------------------------------------------------------------
@@ -451,9 +445,11 @@ async def test_redis_killed_mid_stream_frames_keep_flowing_and_state_catches_up(
             assert all(r > k + 3 for k, r in zip(at_kill, at_restart, strict=True)), (
                 "frames must be answered while Redis is down"
             )
-            failures = await _metric(http, srv.url, "edge_vision_state_write_failures_total")
+            failures = metric(
+                await metrics_text(http, srv.url), "edge_vision_state_write_failures_total"
+            )
             assert failures >= 1
-            assert await _metric(http, srv.url, "edge_vision_state_degraded") == 1
+            assert metric(await metrics_text(http, srv.url), "edge_vision_state_degraded") == 1
 
             await asyncio.to_thread(redis_server.start)  # same port, empty
             restarted = time.monotonic()
@@ -542,14 +538,6 @@ async def _degraded_readyz(http: aiohttp.ClientSession, url: str) -> dict[str, A
     async with http.get(url + "/readyz") as r:
         body: dict[str, Any] = await r.json()
         return body if r.status == 200 and body["state"]["degraded"] else None
-
-
-async def _metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
-    async with http.get(url + "/metrics") as r:
-        for line in (await r.text()).splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"metric {name} missing")
 
 
 @pytest.mark.redis
@@ -642,7 +630,7 @@ async def test_sigkilled_node_vanishes_by_ttl_and_its_sessions_after_theirs(
             killed = time.monotonic()
             await asyncio.to_thread(node.proc.wait)  # type: ignore[union-attr]
 
-            await wait_until(lambda: _gone(raw, "ev:node:node-a"), NODE_TTL_S + 5, "node TTL")
+            await wait_until(lambda: key_gone(raw, "ev:node:node-a"), NODE_TTL_S + 5, "node TTL")
             report(record_property, "sigkill_to_node_key_gone_s", time.monotonic() - killed)
             assert await raw.exists("ev:node:node-a:sessions") == 0
             assert await raw.exists(f"ev:session:{sid}") == 1  # still resumable elsewhere
@@ -657,7 +645,7 @@ async def test_sigkilled_node_vanishes_by_ttl_and_its_sessions_after_theirs(
             assert [n["id"] for n in nodes] == ["node-b"]
 
             await wait_until(
-                lambda: _gone(raw, f"ev:session:{sid}"), session_ttl + 5, "session TTL"
+                lambda: key_gone(raw, f"ev:session:{sid}"), session_ttl + 5, "session TTL"
             )
             report(record_property, "sigkill_to_session_key_gone_s", time.monotonic() - killed)
             await c.ws.close()

@@ -243,25 +243,24 @@ async def test_redis_keys_and_ttls_are_the_documented_ones(redis_server: RedisSe
     """docs/state.md: ev:node:<id> (hash), ev:node:<id>:sessions (set), ev:session:<id>
     (hash), with the node TTL on the first two and the session TTL on the third."""
     st = RedisStore(redis_server.url)
-    raw = raw_client(redis_server.url)
-    try:
-        await st.write_node(NODE_A, {"id": NODE_A}, 15)
-        await st.write_sessions(NODE_A, [live("a1", ttl=120)], 15)
-        assert sorted(await raw.keys("*")) == [
-            "ev:node:node-a",
-            "ev:node:node-a:sessions",
-            "ev:session:a1",
-        ]
-        assert await raw.type("ev:node:node-a") == "hash"
-        assert await raw.type("ev:node:node-a:sessions") == "set"
-        assert await raw.type("ev:session:a1") == "hash"
-        assert 14_000 < await raw.pttl("ev:node:node-a") <= 15_000
-        assert 14_000 < await raw.pttl("ev:node:node-a:sessions") <= 15_000
-        assert 119_000 < await raw.pttl("ev:session:a1") <= 120_000
-        assert await raw.hget("ev:session:a1", "epoch") == "1"
-    finally:
-        await raw.aclose()
-        await st.close()
+    async with raw_client(redis_server.url) as raw:
+        try:
+            await st.write_node(NODE_A, {"id": NODE_A}, 15)
+            await st.write_sessions(NODE_A, [live("a1", ttl=120)], 15)
+            assert sorted(await raw.keys("*")) == [
+                "ev:node:node-a",
+                "ev:node:node-a:sessions",
+                "ev:session:a1",
+            ]
+            assert await raw.type("ev:node:node-a") == "hash"
+            assert await raw.type("ev:node:node-a:sessions") == "set"
+            assert await raw.type("ev:session:a1") == "hash"
+            assert 14_000 < await raw.pttl("ev:node:node-a") <= 15_000
+            assert 14_000 < await raw.pttl("ev:node:node-a:sessions") <= 15_000
+            assert 119_000 < await raw.pttl("ev:session:a1") <= 120_000
+            assert await raw.hget("ev:session:a1", "epoch") == "1"
+        finally:
+            await st.close()
 
 
 @pytest.mark.redis

@@ -560,6 +560,14 @@ def ort_reference(spec: ModelSpec, frames: list[np.ndarray]) -> np.ndarray:
     return out
 
 
+async def start_and_close(spec: ModelSpec, engine_dir: Path) -> None:
+    """A TensorRT engine with the default settings, started (building its plan in
+    ``engine_dir`` if it has none there) and closed."""
+    engine = create_engine("tensorrt", spec, trt_config(engine_dir))
+    await engine.start()
+    await engine.close()
+
+
 def listing(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
 
@@ -611,9 +619,7 @@ async def test_mock_tensorrt_plan_for_another_tensorrt_version_is_refused_or_reb
     spec: ModelSpec, mock_trt: tuple[MockState, types.ModuleType], tmp_path: Path
 ) -> None:
     state, trt = mock_trt
-    first = create_engine("tensorrt", spec, trt_config(tmp_path))
-    await first.start()
-    await first.close()
+    await start_and_close(spec, tmp_path)  # a plan for this machine, in tmp_path
     trt.__version__ = "10.7.0"  # type: ignore[attr-defined]  # JetPack upgraded
 
     strict = create_engine("tensorrt", spec, trt_config(tmp_path, build_if_missing=False))
@@ -716,9 +722,7 @@ async def test_mock_tensorrt_plan_refused_by_tensorrt_is_rebuilt_once_when_allow
     spec: ModelSpec, mock_trt: tuple[MockState, types.ModuleType], tmp_path: Path
 ) -> None:
     state, _ = mock_trt
-    first = create_engine("tensorrt", spec, trt_config(tmp_path))
-    await first.start()
-    await first.close()
+    await start_and_close(spec, tmp_path)  # a plan for this machine, in tmp_path
 
     state.refuse_deserialize = 1
     strict = create_engine("tensorrt", spec, trt_config(tmp_path, build_if_missing=False))
@@ -727,9 +731,7 @@ async def test_mock_tensorrt_plan_refused_by_tensorrt_is_rebuilt_once_when_allow
     await strict.close()
 
     state.refuse_deserialize = 1
-    healing = create_engine("tensorrt", spec, trt_config(tmp_path))
-    await healing.start()
-    await healing.close()
+    await start_and_close(spec, tmp_path)  # allowed to build: heals the plan
     assert len(state.builds) == 2  # rebuilt once, in place, then loaded
 
 

@@ -28,6 +28,7 @@ from edge_vision.shape import letterbox_into, plan_for_frame
 from .support.assertions import assert_box_overlaps, assert_same_boxes
 from .support.clients import connect, frame_binary, recv
 from .support.images import Scene, text_scene
+from .support.scrape import metric, metrics_text
 from .support.server import RunningServer, free_port, make_config, running_server
 from .support.timing import T
 from .support.triton import (
@@ -99,19 +100,6 @@ def letterboxed(scene: Scene, spec: ModelSpec) -> np.ndarray:
 async def readyz(session: aiohttp.ClientSession, server: RunningServer) -> tuple[int, Any]:
     async with session.get(server.url + "/readyz") as r:
         return r.status, await r.json()
-
-
-async def metrics_text(session: aiohttp.ClientSession, server: RunningServer) -> str:
-    async with session.get(server.url + "/metrics") as r:
-        return await r.text()
-
-
-def metric(text: str, name: str) -> float:
-    """The value of one sample line (``name`` with its labels) in Prometheus text."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name} not in /metrics")
 
 
 async def until(check: Any, timeout: float, what: str) -> Any:
@@ -245,7 +233,7 @@ async def test_concurrent_connections_are_batched_by_tritons_dynamic_batcher(
 
         # /metrics: the client round trip of every request, and Triton's own statistics.
         async def polled() -> str | None:
-            text = await metrics_text(s, server)
+            text = await metrics_text(s, server.url)
             ok = metric(text, "edge_vision_triton_server_inferences_total") >= total
             return text if ok else None
 
@@ -283,8 +271,15 @@ class Stream:
             self.replies.append(await recv(self.ws, timeout=60))
 
 
-async def kill_mid_stream(triton: TritonProcess, stream: Stream) -> None:
-    """Frames keep coming while Triton dies; every one of them gets an answer."""
+async def kill_mid_stream(
+    triton: TritonProcess, server_factory: Any, session: aiohttp.ClientSession, fallback: str
+) -> tuple[RunningServer, Scene, Stream]:
+    """An edge_vision server on this Triton with ``fallback``, one 'every'-mode stream of a
+    text scene to it, and Triton killed while frames keep coming: every one gets an answer."""
+    server = await server_factory(triton_config(triton, fallback=fallback))
+    scene = text_scene(1280, 720)
+    ws, _ = await connect(session, server.ws_url + "?mode=every")
+    stream = Stream(ws, scene.jpeg())
     sender = asyncio.create_task(stream.send(12, 0.05))
     await stream.until_replies(2)  # Triton is serving this stream now
     await asyncio.to_thread(triton.crash)
@@ -292,6 +287,7 @@ async def kill_mid_stream(triton: TritonProcess, stream: Stream) -> None:
     await stream.receive_all()
     ids = [r["id"] for r in stream.replies]
     assert ids == list(range(stream.sent)), f"frames lost or out of order: {ids}"
+    return server, scene, stream
 
 
 @pytest.fixture
@@ -303,12 +299,7 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 async def test_triton_killed_mid_stream_degrades_to_the_local_engine_and_comes_back(
     triton: TritonProcess, server_factory: Any, session: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(triton_config(triton, fallback="onnxruntime"))
-    scene = text_scene(1280, 720)
-    ws, _ = await connect(session, server.ws_url + "?mode=every")
-    stream = Stream(ws, scene.jpeg())
-
-    await kill_mid_stream(triton, stream)
+    server, scene, stream = await kill_mid_stream(triton, server_factory, session, "onnxruntime")
     for r in stream.replies:  # the local engine re-ran the batches Triton dropped
         assert r["type"] == "result", r
         assert_box_overlaps(r, scene.text_boxes[0])
@@ -316,7 +307,7 @@ async def test_triton_killed_mid_stream_degrades_to_the_local_engine_and_comes_b
     assert status == 200 and ready["engine"]["active"] == "onnxruntime", ready
     assert ready["engine"]["degraded"], ready
     assert f"Triton at {triton.url}" in ready["engine"]["reason"], ready
-    text = await metrics_text(session, server)
+    text = await metrics_text(session, server.url)
     assert metric(text, "edge_vision_engine_degraded") == 1
 
     await asyncio.to_thread(triton.start)
@@ -334,18 +325,13 @@ async def test_triton_killed_mid_stream_degrades_to_the_local_engine_and_comes_b
     assert served.inferences == 2, served
     status, ready = await readyz(session, server)
     assert not ready["engine"]["degraded"], ready
-    await ws.close()
+    await stream.ws.close()
 
 
 async def test_triton_killed_without_fallback_answers_engine_unavailable_and_recovers(
     triton: TritonProcess, server_factory: Any, session: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(triton_config(triton, fallback="none"))
-    scene = text_scene(1280, 720)
-    ws, _ = await connect(session, server.ws_url + "?mode=every")
-    stream = Stream(ws, scene.jpeg())
-
-    await kill_mid_stream(triton, stream)
+    server, _, stream = await kill_mid_stream(triton, server_factory, session, "none")
     errors = [r for r in stream.replies if r["type"] == "error"]
     assert errors, "every frame got a result although Triton was killed"
     assert {r["code"] for r in errors} == {"engine_unavailable"}, errors
@@ -353,7 +339,7 @@ async def test_triton_killed_without_fallback_answers_engine_unavailable_and_rec
     assert all(r["type"] == "error" for r in stream.replies[stream.replies.index(errors[0]) :])
     status, ready = await readyz(session, server)
     assert status == 503 and f"Triton at {triton.url}" in ready["engine_problem"], ready
-    text = await metrics_text(session, server)
+    text = await metrics_text(session, server.url)
     rejected = metric(text, 'edge_vision_frames_rejected_total{code="engine_unavailable"}')
     assert rejected == len(errors)
     assert metric(text, 'edge_vision_triton_request_failures_total{status="UNAVAILABLE"}') > 0
@@ -368,7 +354,7 @@ async def test_triton_killed_without_fallback_answers_engine_unavailable_and_rec
     await until(answered_by_triton, 30, "frames to be answered again without a restart")
     status, ready = await readyz(session, server)
     assert status == 200 and ready["engine"]["active"] == "triton", ready
-    await ws.close()
+    await stream.ws.close()
 
 
 async def test_unreachable_triton_at_start_degrades_or_stops_by_the_fallback_setting(

@@ -170,7 +170,13 @@ class RedisServer:
 
 
 def raw_client(url: str) -> Any:
-    """A plain redis.asyncio client, to look at keys the way an operator would."""
+    """A plain redis.asyncio client, to look at keys the way an operator would:
+    ``async with raw_client(url) as raw:`` closes it at the end."""
     # Retries, because tests restart Redis under it and every pooled connection dies then.
     retry = Retry(NoBackoff(), 3)
     return aioredis.from_url(url, decode_responses=True, retry=retry, **driver_info_options())
+
+
+async def key_gone(raw: Any, key: str) -> bool:
+    """Whether ``key`` no longer exists (deleted, or expired by its TTL)."""
+    return bool(await raw.exists(key) == 0)
