@@ -8,6 +8,8 @@ form a valid edge_vision configuration pointing at the Triton service.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +201,7 @@ def _node_config(env: dict[str, str], config_file: Path | None = None) -> Any:
     return load_config(config_file, environ={k: str(v) for k, v in env.items()})
 
 
-def test_compose_runs_three_triton_nodes_behind_nginx_with_redis() -> None:
+def test_compose_runs_three_triton_nodes_behind_nginx_with_redis(tmp_path: Path) -> None:
     compose = yaml.safe_load((DEPLOY / "triton" / "docker-compose.yml").read_text())
     services = compose["services"]
     nodes = {name: s for name, s in services.items() if name.startswith("node-")}
@@ -215,10 +217,23 @@ def test_compose_runs_three_triton_nodes_behind_nginx_with_redis() -> None:
     triton = services["triton"]
     loaded = [a.split("=", 1)[1] for a in triton["command"] if a.startswith("--load-model=")]
     assert loaded == ["ppocr_det"] and all((MODELS / m / "config.pbtxt").is_file() for m in loaded)
-    for mount in services["nginx"]["volumes"]:
-        assert (DEPLOY / "triton" / mount.split(":")[0]).is_file(), mount
-    upstreams = (DEPLOY / "triton" / "nginx-compose.conf").read_text()
-    assert all(f"server {name}:8080" in upstreams for name in nodes)
+    # nginx renders deploy/nginx's template at start: run its command as compose would
+    # ($$ is compose's escape for $), with the mounted files in a scratch /etc/nginx.
+    nginx = services["nginx"]
+    etc = tmp_path / "etc-nginx"
+    (etc / "conf.d").mkdir(parents=True)
+    for mount in nginx["volumes"]:
+        source, target = mount.split(":")[:2]
+        shutil.copy(DEPLOY / "triton" / source, etc / Path(target).relative_to("/etc/nginx"))
+    script = nginx["command"][2].replace("$$", "$").replace("/etc/nginx/", f"{etc}/")
+    script = script.split(" && exec nginx")[0]
+    subprocess.run(["sh", "-c", script], env=nginx["environment"], check=True)
+    site = (etc / "conf.d" / "default.conf").read_text()
+    directives = [ln for ln in site.splitlines() if not ln.lstrip().startswith("#")]
+    assert not [ln for ln in directives if "@" in ln]  # every placeholder filled
+    assert "listen 80;" in site
+    assert all(f"server {name}:8080 max_fails=1" in site for name in nodes)
+    assert "include edge-vision-locations.conf;" in site  # nginx resolves it in /etc/nginx
 
 
 def test_kubernetes_manifests_wire_nodes_to_triton_and_redis(tmp_path: Path) -> None:
