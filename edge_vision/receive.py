@@ -17,7 +17,7 @@ from __future__ import annotations
 import binascii
 import math
 import struct
-from base64 import b64decode
+from base64 import b64decode, b64encode
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -187,3 +187,12 @@ def encode_binary_frame(frame_id: FrameId, ts: float | None, image: bytes) -> by
     """Build a binary frame message (used by our clients: replay, bench, tests)."""
     header = orjson.dumps({"type": "frame", "id": frame_id, "ts": ts})
     return _LEN.pack(len(header)) + header + image
+
+
+def encode_json_frame(frame_id: FrameId, ts: float | None, image: bytes | str) -> str:
+    """Build a text (JSON) frame message (used by our clients: replay, bench, tests).
+
+    ``image``: the raw JPEG/PNG bytes, base64-encoded here; or a ``str`` that already is
+    the base64 text (or a data URL), sent as it is. ``ts`` None is sent as ``null``."""
+    b64 = b64encode(image).decode("ascii") if isinstance(image, bytes) else image
+    return orjson.dumps({"type": "frame", "id": frame_id, "ts": ts, "image": b64}).decode()

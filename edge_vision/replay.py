@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import importlib
 import logging
 import math
@@ -53,7 +52,7 @@ import orjson
 
 from .aio import wait_event, with_timeout
 from .errors import ClientError, EdgeVisionError, EngineError
-from .receive import FrameId, FrameMessage, encode_binary_frame
+from .receive import FrameId, FrameMessage, encode_binary_frame, encode_json_frame
 from .sources import Cut, FrameSource, SourceFrame, SourceInfo, open_source
 
 if TYPE_CHECKING:
@@ -218,18 +217,14 @@ class FrameRecord:
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:
-    import numpy as np
+    """p50, p95, p99 (bench's, numpy's linear interpolation) and max, rounded to 0.01;
+    nothing for no values."""
+    from .bench.stats import summary
 
     if not values:
         return {}
-    arr = np.asarray(values, dtype=np.float64)
-    p50, p95, p99 = np.percentile(arr, [50, 95, 99])
-    return {
-        "p50": round(float(p50), 2),
-        "p95": round(float(p95), 2),
-        "p99": round(float(p99), 2),
-        "max": round(float(arr.max()), 2),
-    }
+    stats = summary(values)
+    return {key: round(stats[key], 2) for key in ("p50", "p95", "p99", "max")}
 
 
 class ReplayStats:
@@ -484,6 +479,14 @@ class Target(Protocol):
     async def close(self) -> None: ...
 
 
+async def _cancel_and_wait(tasks: Iterable[asyncio.Task[None] | None]) -> None:
+    """Cancel the tasks and wait until each has ended (what they return or raise is dropped)."""
+    running = [task for task in tasks if task is not None]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+
+
 @dataclass(slots=True)
 class _LocalJob:
     seq: int
@@ -603,12 +606,8 @@ class LocalTarget:
         if self._closed:
             return
         self._closed = True
-        if self._dispatcher is not None:
-            self._dispatcher.cancel()
-            await asyncio.gather(self._dispatcher, return_exceptions=True)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await _cancel_and_wait([self._dispatcher])
+        await _cancel_and_wait(self._tasks)
         if self.service is not None:
             await self.service.close()
         if self.pipeline is not None:
@@ -686,6 +685,11 @@ class RemoteTarget:
         )
         self._receiver = asyncio.create_task(self._receive(), name="replay-receive")
 
+    def _connected(self) -> aiohttp.ClientWebSocketResponse:
+        if self._ws is None:
+            raise RuntimeError("not connected")
+        return self._ws
+
     def _refused(self, status: int, message: str) -> str:
         where = self.description
         if status in (401, 403):
@@ -700,9 +704,7 @@ class RemoteTarget:
     async def _expect(self, kind: str) -> dict[str, Any]:
         import aiohttp
 
-        ws = self._ws
-        if ws is None:
-            raise RuntimeError("not connected")
+        ws = self._connected()
         while True:
             try:
                 msg = await ws.receive(timeout=self.opts.timeout_s)
@@ -725,14 +727,10 @@ class RemoteTarget:
     def encode(self, frame: SourceFrame, jpeg: bytes) -> bytes | str:
         if self.opts.wire == "binary":
             return encode_binary_frame(frame.index, frame.ts, jpeg)
-        image = base64.b64encode(jpeg).decode("ascii")
-        body = {"type": "frame", "id": frame.index, "ts": frame.ts, "image": image}
-        return orjson.dumps(body).decode()
+        return encode_json_frame(frame.index, frame.ts, jpeg)
 
     async def send(self, seq: int, enc: Encoded) -> None:
-        ws = self._ws
-        if ws is None:
-            raise RuntimeError("not connected")
+        ws = self._connected()
         while len(self._matcher) >= self.window and not self.failed.is_set():
             self._room.clear()
             await self._room.wait()
@@ -752,9 +750,7 @@ class RemoteTarget:
     async def _receive(self) -> None:
         import aiohttp
 
-        ws = self._ws
-        if ws is None:
-            raise RuntimeError("not connected")
+        ws = self._connected()
         while True:
             try:
                 msg = await ws.receive(timeout=self.opts.timeout_s)
@@ -833,9 +829,7 @@ class RemoteTarget:
         if self._closed:
             return
         self._closed = True
-        if self._receiver is not None:
-            self._receiver.cancel()
-            await asyncio.gather(self._receiver, return_exceptions=True)
+        await _cancel_and_wait([self._receiver])
         if self._ws is not None and not self._ws.closed:
             try:
                 await with_timeout(self._ws.close(), 5.0)

@@ -10,8 +10,6 @@ MJPEG stream, and as a child process interrupted with SIGINT.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +31,7 @@ from edge_vision.replay import InOrder, ReplyMatcher, websocket_url
 from edge_vision.sources import Cut, FrameCutter, expected_frames
 
 from .support.assertions import iou
+from .support.cluster import Nginx
 from .support.images import Box, jpeg
 from .support.server import RunningServer, free_port
 from .support.timing import T
@@ -450,77 +449,10 @@ def test_an_unreachable_server_is_reported(
 # -- a token checked by the proxy in front (nginx) ---------------------------------------------
 
 
-class TokenProxy:
-    """Real nginx in front of a server, refusing /ws without ``Authorization: Bearer``."""
-
-    def __init__(self, workdir: Path, upstream_port: int, token: str) -> None:
-        exe = shutil.which("nginx") or "/usr/sbin/nginx"
-        if not os.access(exe, os.X_OK):
-            raise RuntimeError("nginx is not installed; scripts/test installs it")
-        self.exe, self.dir, self.port = exe, workdir, free_port()
-        (workdir / "logs").mkdir(parents=True, exist_ok=True)
-        (workdir / "nginx.conf").write_text(
-            f"""
-worker_processes 1;
-pid {workdir}/nginx.pid;
-error_log {workdir}/logs/error.log warn;
-events {{ worker_connections 64; }}
-http {{
-  access_log off;
-  client_body_temp_path {workdir}/body;
-  proxy_temp_path {workdir}/proxy;
-  fastcgi_temp_path {workdir}/fastcgi;
-  uwsgi_temp_path {workdir}/uwsgi;
-  scgi_temp_path {workdir}/scgi;
-  server {{
-    listen 127.0.0.1:{self.port};
-    location /ws {{
-      if ($http_authorization != "Bearer {token}") {{ return 401; }}
-      proxy_pass http://127.0.0.1:{upstream_port};
-      proxy_http_version 1.1;
-      proxy_set_header Upgrade $http_upgrade;
-      proxy_set_header Connection "upgrade";
-      proxy_read_timeout 60s;
-    }}
-  }}
-}}
-"""
-        )
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.exe, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
-             "-g", "daemon off;"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        import socket
-
-        deadline = time.monotonic() + T(10)
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                log = (self.dir / "logs" / "error.log").read_text(errors="replace")
-                raise RuntimeError(f"nginx exited with {self.proc.returncode}: {log}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("nginx did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(T(10))
-
-
 @pytest.fixture
-def token_proxy(server: RunningServer, tmp_path: Path) -> Iterator[TokenProxy]:
-    proxy = TokenProxy(tmp_path / "nginx", server.port, "s3cret")
+def token_proxy(server: RunningServer, tmp_path: Path) -> Iterator[Nginx]:
+    """Real nginx in front of a server, refusing /ws without ``Authorization: Bearer``."""
+    proxy = Nginx(tmp_path / "nginx", [server.port], ws_token="s3cret")
     proxy.start()
     try:
         yield proxy
@@ -529,7 +461,7 @@ def token_proxy(server: RunningServer, tmp_path: Path) -> Iterator[TokenProxy]:
 
 
 async def test_a_token_is_sent_and_a_refusal_is_reported(
-    token_proxy: TokenProxy, clip: TextClip, tmp_path: Path
+    token_proxy: Nginx, clip: TextClip, tmp_path: Path
 ) -> None:
     ok = await asyncio.to_thread(
         run_replay, tmp_path, str(clip.path), "--url", token_proxy.ws_url, "--token", "s3cret",

@@ -54,10 +54,24 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback TCP port that is free now (the tests' servers take theirs here too)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[bytes], sig: int, timeout: float) -> int:
+    """Send a running child ``sig``, give it ``timeout`` seconds to exit, else kill it.
+    Its exit code (the tests stop their servers and nginx here too)."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 class _Server:
@@ -107,18 +121,14 @@ class _Server:
                 self.rss.append((t, mib))
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, signal.SIGTERM, 20)
         self._log.close()
 
 
-def _server_argv(args: argparse.Namespace, port: int) -> list[str]:
-    argv = [
+def serve_argv(port: int) -> list[str]:
+    """``python -m edge_vision serve`` on 127.0.0.1:``port`` (the tests' server too)."""
+    return [
         sys.executable,
         "-m",
         "edge_vision",
@@ -128,6 +138,10 @@ def _server_argv(args: argparse.Namespace, port: int) -> list[str]:
         "--port",
         str(port),
     ]
+
+
+def _server_argv(args: argparse.Namespace, port: int) -> list[str]:
+    argv = serve_argv(port)
     if args.config:
         argv += ["--config", str(args.config)]
     if args.model:
@@ -365,13 +379,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if args.url:
                 runs.append(_load_run("target", args.url, jpegs, n, args, None))
                 continue
-            port = _free_port()
+            port = free_port()
             with _Server(_server_argv(args, port), port, out / "server.log") as srv:
                 runs.append(
                     _load_run("edge_vision", f"ws://127.0.0.1:{port}/ws", jpegs, n, args, srv)
                 )
             if args.compare:
-                port = _free_port()
+                port = free_port()
                 threads = str(config.engine.onnxruntime.threads or "")
                 argv = [sys.executable, "-m", "edge_vision.bench.baseline", "--port", str(port)]
                 if args.model:

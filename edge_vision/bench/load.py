@@ -45,9 +45,7 @@ class CameraResult:
     latencies_ms: list[float] = field(default_factory=list)
     sent_at_s: list[float] = field(default_factory=list)  # per answered frame, from start
     server_timing: list[dict[str, float]] = field(default_factory=list)
-    error_codes: dict[str, int] = field(default_factory=dict)
     connect_error: str | None = None
-    achieved_send_fps: float = 0.0
 
 
 async def _camera(plan: CameraPlan, progress: Any) -> CameraResult:
@@ -56,7 +54,7 @@ async def _camera(plan: CameraPlan, progress: Any) -> CameraResult:
     import aiohttp
     import orjson
 
-    from ..receive import encode_binary_frame
+    from ..receive import encode_binary_frame, encode_json_frame
 
     res = CameraResult(plan.index)
     sent_at: dict[int, float] = {}
@@ -93,20 +91,14 @@ async def _camera(plan: CameraPlan, progress: Any) -> CameraResult:
                 now = time.perf_counter()
                 sent_at[i] = now
                 if plan.wire == "json":
-                    await ws.send_str(
-                        orjson.dumps(
-                            {"type": "frame", "id": i, "ts": now, "image": b64[k]}
-                        ).decode()
-                    )
+                    await ws.send_str(encode_json_frame(i, now, b64[k]))
                 else:
                     await ws.send_bytes(encode_binary_frame(i, now, plan.jpegs[k]))
                 res.sent += 1
                 i += 1
-            res.achieved_send_fps = res.sent / max(1e-9, time.perf_counter() - t0)
             done_sending.set()
 
         async def receiver() -> None:
-            last_id = -1
             while True:
                 msg = await ws.receive()
                 if msg.type is not aiohttp.WSMsgType.TEXT:
@@ -128,11 +120,8 @@ async def _camera(plan: CameraPlan, progress: Any) -> CameraResult:
                     if progress is not None:
                         with progress.get_lock():
                             progress.value += 1
-                    last_id = max(last_id, fid)
                 elif kind == "error":
                     res.errors += 1
-                    code = str(obj.get("code"))
-                    res.error_codes[code] = res.error_codes.get(code, 0) + 1
                     if "id" in obj:
                         seen.add(int(obj["id"]))
                 if done_sending.is_set() and len(seen) + res.dropped >= res.sent:

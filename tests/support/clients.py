@@ -8,16 +8,17 @@ from typing import Any
 import aiohttp
 import orjson
 
-from edge_vision.receive import encode_binary_frame
+from edge_vision.receive import encode_binary_frame, encode_json_frame
 
 from .timing import T
 
 
 def frame_json(frame_id: Any, ts: Any, image: bytes, data_url: bool = False) -> str:
-    b64 = base64.b64encode(image).decode()
     if data_url:
-        b64 = "data:image/jpeg;base64," + b64
-    return orjson.dumps({"type": "frame", "id": frame_id, "ts": ts, "image": b64}).decode()
+        return encode_json_frame(
+            frame_id, ts, "data:image/jpeg;base64," + base64.b64encode(image).decode()
+        )
+    return encode_json_frame(frame_id, ts, image)
 
 
 def frame_binary(frame_id: Any, ts: Any, image: bytes) -> bytes:

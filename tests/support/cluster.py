@@ -19,7 +19,9 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from .server import ServerProcess, free_port
+from edge_vision.bench.command import stop_process
+
+from .server import LoopbackUrls, ServerProcess, free_port
 from .timing import T
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,22 +46,33 @@ def nginx_binary() -> str | None:
     return "/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None
 
 
-def render_nginx_config(folder: Path, listen_port: int, node_ports: list[int]) -> None:
-    """What run-cluster.sh writes: nginx.conf, edge-vision.conf, edge-vision-locations.conf."""
+def render_nginx_config(
+    folder: Path, listen_port: int, node_ports: list[int], ws_token: str | None = None
+) -> None:
+    """What run-cluster.sh writes: nginx.conf, edge-vision.conf, edge-vision-locations.conf.
+
+    ``ws_token``: also refuse /ws (HTTP 401) without ``Authorization: Bearer <ws_token>``,
+    as a proxy in front that checks a token does (the nodes take no token on /ws)."""
     upstreams = " ".join(f"server 127.0.0.1:{p} max_fails=1 fail_timeout=5s;" for p in node_ports)
     site = (NGINX_DIR / "edge-vision.conf.template").read_text()
     site = site.replace("@LISTEN@", f"127.0.0.1:{listen_port}")
     site = site.replace("@UPSTREAM_SERVERS@", upstreams)
     (folder / "edge-vision.conf").write_text(site)
     shutil.copy(NGINX_DIR / "edge-vision-locations.conf", folder / "edge-vision-locations.conf")
+    if ws_token is not None:
+        locations = (folder / "edge-vision-locations.conf").read_text()
+        ws = "location /ws {\n"
+        assert ws in locations, "deploy/nginx/edge-vision-locations.conf has no location /ws"
+        check = f'    if ($http_authorization != "Bearer {ws_token}") {{ return 401; }}\n'
+        (folder / "edge-vision-locations.conf").write_text(locations.replace(ws, ws + check, 1))
     shutil.copy(NGINX_DIR / "nginx-local.conf", folder / "nginx.conf")
     (folder / "tmp").mkdir(exist_ok=True)
 
 
-class Nginx:
+class Nginx(LoopbackUrls):
     """nginx in the foreground with a rendered config, on a free loopback port."""
 
-    def __init__(self, folder: Path, node_ports: list[int]) -> None:
+    def __init__(self, folder: Path, node_ports: list[int], ws_token: str | None = None) -> None:
         exe = nginx_binary()
         if exe is None:
             raise RuntimeError("nginx is not installed; scripts/test installs it")
@@ -67,16 +80,8 @@ class Nginx:
         self.folder = folder
         self.port = free_port()
         folder.mkdir(parents=True, exist_ok=True)
-        render_nginx_config(folder, self.port, node_ports)
+        render_nginx_config(folder, self.port, node_ports, ws_token)
         self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
 
     def start(self) -> Nginx:
         globals_ = "daemon off;"
@@ -105,12 +110,8 @@ class Nginx:
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGQUIT)  # graceful: finish open requests
         try:
-            self.proc.wait(T(5))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            stop_process(self.proc, signal.SIGQUIT, T(5))  # graceful: finish open requests
         finally:
             if self.proc.stderr:
                 self.proc.stderr.close()

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -19,6 +17,8 @@ import aiohttp
 from aiohttp import web
 
 from edge_vision.aio import with_timeout
+from edge_vision.bench.command import free_port as free_port  # the support modules' too
+from edge_vision.bench.command import serve_argv, stop_process
 from edge_vision.config import Config, load_config
 from edge_vision.models import ModelSpec
 from edge_vision.server import STARTUP, create_app
@@ -43,9 +43,9 @@ def make_config(overrides: Mapping[str, Any] | None = None) -> Config:
     return load_config(None, environ={}, cli=tree)
 
 
-@dataclass
-class RunningServer:
-    app: web.Application
+class LoopbackUrls:
+    """``url`` and ``ws_url`` of a server listening on 127.0.0.1:``port``."""
+
     port: int
 
     @property
@@ -55,6 +55,12 @@ class RunningServer:
     @property
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/ws"
+
+
+@dataclass
+class RunningServer(LoopbackUrls):
+    app: web.Application
+    port: int
 
 
 @asynccontextmanager
@@ -79,13 +85,7 @@ async def running_server(
         await runner.cleanup()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServerProcess:
+class ServerProcess(LoopbackUrls):
     """``python -m edge_vision serve`` as a child process (for signals, nginx, browsers)."""
 
     def __init__(
@@ -96,29 +96,12 @@ class ServerProcess:
         log_path: Path | None = None,
     ) -> None:
         self.port = port or free_port()
-        self.args = [
-            sys.executable,
-            "-m",
-            "edge_vision",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
+        self.args = serve_argv(self.port)
         for a in set_args:
             self.args += ["--set", a]
         self.env = {**os.environ, **(env or {})}
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
 
     def start(self) -> ServerProcess:
         """Start the child (blocking: from async code call it through asyncio.to_thread)."""
@@ -158,11 +141,4 @@ class ServerProcess:
     def stop(self, timeout: float = 15) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(T(timeout))
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, signal.SIGTERM, T(timeout))

@@ -14,6 +14,7 @@ from edge_vision.receive import (
     SettingsMessage,
     decode_base64,
     encode_binary_frame,
+    encode_json_frame,
     parse_binary,
     parse_text,
 )
@@ -102,6 +103,16 @@ def test_binary_frame_round_trip() -> None:
     (n,) = struct.unpack(">I", data[:4])
     assert data[4 : 4 + n].startswith(b"{")
     assert parse_binary(data, 1.0) == FrameMessage(42, 99.5, JPEG, False, 1.0)
+
+
+def test_json_frame_round_trip() -> None:
+    data = encode_json_frame(42, 99.5, JPEG)
+    b64 = base64.b64encode(JPEG)
+    assert data == f'{{"type":"frame","id":42,"ts":99.5,"image":"{b64.decode()}"}}'
+    assert parse_text(data, 1.0) == FrameMessage(42, 99.5, b64, True, 1.0)
+    # a str is already base64 (or a data URL) and goes out as it is; ts None goes as null
+    data_url = encode_json_frame("a", None, "data:image/jpeg;base64,QUJD")
+    assert parse_text(data_url, 0.0) == FrameMessage("a", None, b"QUJD", True, 0.0)
 
 
 @pytest.mark.parametrize(
