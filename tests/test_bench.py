@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import hashlib
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from edge_vision.aio import with_timeout
+from edge_vision.bench.load import CameraPlan, run_camera
 
 from .support.timing import T
 
@@ -63,3 +70,46 @@ def test_bench_compares_ours_with_the_engine_ceiling_and_the_baseline(tmp_path: 
     assert r["engine_only"]["rows"][0]["serial"]["frames_per_s"] > 0
     assert "engine ceiling" in r["_stdout"] and "baseline p99" in r["_stdout"]
     assert {"results.json", "latency_cdf.png", "throughput_p99_vs_cameras.png"} <= set(r["_files"])
+
+
+async def test_a_camera_against_a_server_that_stops_reading_reports_the_stall() -> None:
+    """A server that sends hello and never reads again (a synchronous baseline busy with its
+    backlog does this): the camera does not hang past its run and drain time, says it could
+    not send on schedule, and counts as sent only the frames it wrote."""
+    stop = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        key = next(
+            ln.split(":", 1)[1].strip()
+            for ln in head.split("\r\n")
+            if ln.lower().startswith("sec-websocket-key")
+        )
+        accept = base64.b64encode(
+            hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
+        ).decode()
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            + f"Sec-WebSocket-Accept: {accept}\r\n\r\n".encode()
+        )
+        hello = b'{"type":"hello"}'
+        writer.write(bytes([0x81, len(hello)]) + hello)  # one unmasked text frame
+        await writer.drain()
+        await stop.wait()  # and never read again
+        writer.close()
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.bind(("127.0.0.1", 0))
+    server = await asyncio.start_server(handle, sock=sock)
+    port = sock.getsockname()[1]
+    frame = bytes(1_000_000)  # 30 MB offered in the run: far beyond the socket buffers
+    plan = CameraPlan(0, f"ws://127.0.0.1:{port}/ws", [frame], fps=30, duration_s=1.0, drain_s=1.0)
+    try:
+        res = await with_timeout(run_camera(plan, None), T(30))
+    finally:
+        stop.set()
+        server.close()
+    assert res.send_stalled and res.connect_error is None
+    assert 0 < res.sent < 30 and res.answered == 0
+    assert res.unanswered == res.sent  # reported, not silently lost

@@ -246,6 +246,8 @@ def _load_run(
         "unanswered": sum(r.unanswered for r in results),
         "duplicates": sum(r.duplicates for r in results),
         "connect_errors": [r.connect_error for r in results if r.connect_error],
+        "cameras_reported": len(results),
+        "cameras_stalled": sum(r.send_stalled for r in results),
         "answered_per_s": answered / span,
         "answer_span_s": span,
         "per_camera_answered_fps": [r.answered / span for r in results],
@@ -288,7 +290,30 @@ def _print_table(runs: list[dict[str, Any]], engine: dict[str, Any] | None) -> N
                 f"{r['dropped']:>7} {r['errors']:>4} {lat['p50']:>7.1f} {lat['p95']:>7.1f} "
                 f"{lat['p99']:>7.1f}  {thirds}"
             )
+        for r in runs:
+            for problem in _run_problems(r):
+                print(f"{r['name']}: {problem}")
     print()
+
+
+def _run_problems(run: dict[str, Any]) -> list[str]:
+    """What makes a run's row incomplete, in words for the table's reader."""
+    problems = []
+    if run["cameras_reported"] < run["cameras"]:
+        missing = run["cameras"] - run["cameras_reported"]
+        problems.append(f"{missing} of {run['cameras']} cameras did not report (crashed or hung)")
+    if run["cameras_stalled"]:
+        problems.append(
+            f"{run['cameras_stalled']} cameras could not send on schedule: the server stopped "
+            "reading; frames not written by the end were not counted as sent"
+        )
+    if run["connect_errors"]:
+        problems.append(
+            f"connect errors: {run['connect_errors'][0]} (x{len(run['connect_errors'])})"
+        )
+    if run["unanswered"]:
+        problems.append(f"{run['unanswered']} frames sent but never answered or dropped")
+    return problems
 
 
 def _plots(out: Path, runs: list[dict[str, Any]]) -> list[Path]:

@@ -46,9 +46,13 @@ class CameraResult:
     sent_at_s: list[float] = field(default_factory=list)  # per answered frame, from start
     server_timing: list[dict[str, float]] = field(default_factory=list)
     connect_error: str | None = None
+    #: The server stopped reading: a send was still blocked when the run and its drain
+    #: time were over (a synchronous server busy with its backlog does this).
+    send_stalled: bool = False
 
 
-async def _camera(plan: CameraPlan, progress: Any) -> CameraResult:
+async def run_camera(plan: CameraPlan, progress: Any) -> CameraResult:
+    """One simulated camera, start to end, in this process's loop."""
     import base64
 
     import aiohttp
@@ -128,18 +132,27 @@ async def _camera(plan: CameraPlan, progress: Any) -> CameraResult:
                     return
 
         recv_task = asyncio.create_task(receiver())
-        await sender()
+        send_task = asyncio.create_task(sender())
+        try:
+            await with_timeout(asyncio.shield(send_task), plan.duration_s + plan.drain_s)
+        except TimeoutError:  # frames not written by then are not counted as sent
+            send_task.cancel()
+            res.send_stalled = True
+            done_sending.set()
         try:
             await with_timeout(asyncio.shield(recv_task), plan.drain_s)
         except TimeoutError:
             recv_task.cancel()
-        await ws.close()
+        try:
+            await with_timeout(ws.close(), 5.0)
+        except TimeoutError:
+            pass
     res.unanswered = max(0, res.sent - res.answered - res.errors - res.dropped)
     return res
 
 
 def _camera_process(plan: CameraPlan, out: Any, progress: Any) -> None:
-    result = asyncio.run(_camera(plan, progress))
+    result = asyncio.run(run_camera(plan, progress))
     out.put(result)
 
 
