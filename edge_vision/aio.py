@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -52,3 +52,12 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
+    """Cancel the tasks (None and finished ones are fine) and wait until each has ended;
+    what they return or raise is dropped."""
+    running = [t for t in tasks if t is not None]
+    for t in running:
+        t.cancel()
+    await asyncio.gather(*running, return_exceptions=True)

@@ -26,7 +26,7 @@ from aiohttp.http_websocket import WebSocketError
 
 from . import reply
 from .admit import Admission
-from .aio import with_timeout, within
+from .aio import cancel_and_wait, with_timeout, within
 from .config import Config
 from .errors import ClientError, EngineError, FrameSuperseded
 from .metrics import Metrics
@@ -119,9 +119,7 @@ class Connection:
         try:
             await self._read()
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(*tasks)
             while not self._ordered.empty():
                 self._ordered.get_nowait().cancel()
             # Frames the socket closed on (waiting, or taken but never sent) are counted as

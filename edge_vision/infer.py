@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .aio import cancel_and_wait
 from .batch import Batcher, ReadyBatch
 from .config import Config
 from .engines import Engine, create_engine
@@ -204,10 +205,7 @@ class InferenceService:
         return await self.engine.health()
 
     async def close(self) -> None:
-        for task in (self._keep_warm_task, self._retry_task):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait(self._keep_warm_task, self._retry_task)
         if self._retiring:
             await asyncio.gather(*self._retiring, return_exceptions=True)
         if self._batcher is not None:

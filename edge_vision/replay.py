@@ -50,7 +50,7 @@ from typing import IO, TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 import orjson
 
-from .aio import wait_event, with_timeout
+from .aio import cancel_and_wait, wait_event, with_timeout
 from .errors import ClientError, EdgeVisionError, EngineError
 from .receive import FrameId, FrameMessage, encode_binary_frame, encode_json_frame
 from .sources import Cut, FrameSource, SourceFrame, SourceInfo, open_source
@@ -479,14 +479,6 @@ class Target(Protocol):
     async def close(self) -> None: ...
 
 
-async def _cancel_and_wait(tasks: Iterable[asyncio.Task[None] | None]) -> None:
-    """Cancel the tasks and wait until each has ended (what they return or raise is dropped)."""
-    running = [task for task in tasks if task is not None]
-    for task in running:
-        task.cancel()
-    await asyncio.gather(*running, return_exceptions=True)
-
-
 @dataclass(slots=True)
 class _LocalJob:
     seq: int
@@ -606,8 +598,8 @@ class LocalTarget:
         if self._closed:
             return
         self._closed = True
-        await _cancel_and_wait([self._dispatcher])
-        await _cancel_and_wait(self._tasks)
+        await cancel_and_wait(self._dispatcher)
+        await cancel_and_wait(*self._tasks)
         if self.service is not None:
             await self.service.close()
         if self.pipeline is not None:
@@ -829,7 +821,7 @@ class RemoteTarget:
         if self._closed:
             return
         self._closed = True
-        await _cancel_and_wait([self._receiver])
+        await cancel_and_wait(self._receiver)
         if self._ws is not None and not self._ws.closed:
             try:
                 await with_timeout(self._ws.close(), 5.0)

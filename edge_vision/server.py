@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import WSCloseCode, web
 
 from . import reply
-from .aio import with_timeout
+from .aio import cancel_and_wait, with_timeout
 from .config import Config
 from .connection import Connection, ConnectionContext, ConnectionDone
 from .errors import ConfigError, EdgeVisionError
@@ -251,9 +251,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await keeper.start()
     app[STARTUP] = asyncio.create_task(_start_engine(app), name="engine-start")
     yield
-    if not app[STARTUP].done():
-        app[STARTUP].cancel()
-    await asyncio.gather(app[STARTUP], return_exceptions=True)
+    await cancel_and_wait(app[STARTUP])
     await app[SERVICE].close()
     await app[PIPELINE].close()
     await keeper.shutdown()
@@ -389,8 +387,7 @@ def _serve_until_signalled(
 
         task = asyncio.create_task(watch())
         yield
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait(task)
         systemd.notify("STOPPING=1")
 
     app.cleanup_ctx.append(_notify_when_ready)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..aio import with_timeout
+from ..aio import cancel_and_wait, with_timeout
 
 
 @dataclass
@@ -136,13 +136,13 @@ async def run_camera(plan: CameraPlan, progress: Any) -> CameraResult:
         try:
             await with_timeout(asyncio.shield(send_task), plan.duration_s + plan.drain_s)
         except TimeoutError:  # frames not written by then are not counted as sent
-            send_task.cancel()
+            await cancel_and_wait(send_task)
             res.send_stalled = True
             done_sending.set()
         try:
             await with_timeout(asyncio.shield(recv_task), plan.drain_s)
         except TimeoutError:
-            recv_task.cancel()
+            await cancel_and_wait(recv_task)
         try:
             await with_timeout(ws.close(), 5.0)
         except TimeoutError:

@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from ..aio import cancel_and_wait
 from ..config import Config
 from ..errors import ConfigError, EngineError, EngineMismatch, EngineUnavailable
 from ..metrics import Metrics, TritonMetrics, triton_metrics
@@ -504,10 +505,8 @@ class TritonEngine(Engine):
             await asyncio.sleep(self.triton.stats_interval_s)
 
     async def close(self) -> None:
-        if self._stats_task is not None:
-            self._stats_task.cancel()
-            await asyncio.gather(self._stats_task, return_exceptions=True)
-            self._stats_task = None
+        await cancel_and_wait(self._stats_task)
+        self._stats_task = None
         if self._grpc is not None:
             box = [self._grpc]
             self._grpc = None

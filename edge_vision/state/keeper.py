@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..aio import wait_event, with_timeout
+from ..aio import cancel_and_wait, wait_event, with_timeout
 from ..config import StateConfig
 from ..errors import StateUnavailable
 from ..metrics import Metrics
@@ -138,10 +138,8 @@ class StateKeeper:
 
     async def shutdown(self) -> None:
         """Final flush: live sessions become resumable, the node's keys are removed."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         for session in list(self.live.values()):
             self.close_session(session, ended=False)
         await self.flush(full=True)

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from edge_vision.aio import wait_event, with_timeout, within
+from edge_vision.aio import cancel_and_wait, wait_event, with_timeout, within
 
 
 @pytest.mark.parametrize("helper", [with_timeout, within])
@@ -46,3 +46,17 @@ async def test_a_cancel_arriving_with_the_result_is_not_lost(helper: object) -> 
         except asyncio.CancelledError:
             pass
     assert lost == 0
+
+
+async def test_cancel_and_wait_ends_running_tasks_and_tolerates_the_rest() -> None:
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async def fails() -> None:
+        raise ValueError("already failed")
+
+    running = asyncio.ensure_future(forever())
+    failed = asyncio.ensure_future(fails())
+    await asyncio.sleep(0)  # both have started; one has failed
+    await cancel_and_wait(running, failed, None)
+    assert running.cancelled() and failed.done() and not failed.cancelled()
