@@ -34,6 +34,7 @@ from .pipeline import FramePipeline
 from .receive import FrameMessage, PingMessage, SettingsMessage, parse_binary, parse_text
 from .session import Session
 from .state import StateKeeper
+from .versions import CURRENT, ProtocolVersion
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +58,18 @@ class ConnectionContext:
 
 
 class Connection:
-    def __init__(self, ws: web.WebSocketResponse, session: Session, ctx: ConnectionContext):
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        session: Session,
+        ctx: ConnectionContext,
+        protocol: ProtocolVersion = CURRENT,
+    ):
         self.ws = ws
         self.session = session
         self.ctx = ctx
+        # The version this client speaks: ask it (flags, close_code) where versions differ.
+        self.protocol = protocol
         cfg = ctx.config
         self.admission: Admission[FrameMessage] = Admission(session.mode, cfg.session.every_queue)
         self._send_lock = asyncio.Lock()
@@ -102,6 +111,7 @@ class Connection:
             return
         self.closed_by_server = reason
         self.ctx.metrics.connections_closed.labels(reason).inc()
+        code = self.protocol.close_code(code)  # a v1 client gets the codes it knows
         try:
             await with_timeout(self.ws.close(code=code, message=message.encode()[:120]), 2.0)
         except (TimeoutError, ConnectionError):

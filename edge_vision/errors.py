@@ -9,6 +9,8 @@
     │                          model metadata differs from the ONNX model): stops start-up
     ├── FrameSuperseded        a newer frame of the same session took this one's place
     ├── StateUnavailable       the state store (Redis) cannot be reached; frames keep flowing
+    ├── UnsupportedProtocol    a client asked for a protocol version this node does not serve
+    │                          (HTTP 400 before the upgrade; edge_vision/versions.py)
     └── ClientError            bad input from one client; becomes an ``error`` message with a
                                stable ``code`` and never a traceback in the log
 
@@ -72,6 +74,16 @@ class FrameSuperseded(EdgeVisionError):
 
 class StateUnavailable(EdgeVisionError):
     """The state store cannot be reached; state is degraded, frames keep flowing."""
+
+
+class UnsupportedProtocol(EdgeVisionError):
+    """A client asked for a protocol version this node does not serve (``?protocol=``)."""
+
+    def __init__(self, asked: str, supported: tuple[int, ...]) -> None:
+        served = ", ".join(map(str, supported))
+        super().__init__(f"protocol {asked!r} is not served; this node serves {served}")
+        self.asked = asked
+        self.supported = supported
 
 
 class ClientError(EdgeVisionError):

@@ -25,7 +25,10 @@ import orjson
 
 from .errors import ClientError
 
-PROTOCOL_VERSION = 1
+#: The version this release speaks by default; SUPPORTED_VERSIONS are all it serves (the
+#: current and the previous one). What differs between them: edge_vision/versions.py.
+PROTOCOL_VERSION = 2
+SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2)
 BINARY_HEADER_MAX = 64 * 1024
 _LEN = struct.Struct(">I")
 

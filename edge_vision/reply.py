@@ -7,14 +7,14 @@ pixels.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from .errors import ClientError
 from .pipeline import FrameResult
-from .receive import PROTOCOL_VERSION, FrameId
+from .receive import PROTOCOL_VERSION, SUPPORTED_VERSIONS, FrameId
 
 
 def _dumps(obj: Mapping[str, Any]) -> str:
@@ -34,11 +34,15 @@ def hello(
     limits: Mapping[str, Any],
     counters: Mapping[str, int],
     node_id: str,
+    protocol: int = PROTOCOL_VERSION,
+    features: Sequence[str] = (),
 ) -> str:
     return _dumps(
         {
             "type": "hello",
-            "protocol": PROTOCOL_VERSION,
+            "protocol": protocol,  # the version this connection speaks (versions.py)
+            "protocols": list(SUPPORTED_VERSIONS),  # since protocol 2; also sent to v1
+            "features": list(features),  # since protocol 2; also sent to v1
             "session_id": session_id,
             "resume_token": resume_token,
             "resumed": resumed,

@@ -15,6 +15,7 @@ socket with 1001 and a resume hint, remove this node's keys from the state store
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -29,7 +30,7 @@ from . import reply
 from .aio import cancel_and_wait, with_timeout
 from .config import Config
 from .connection import Connection, ConnectionContext, ConnectionDone
-from .errors import ConfigError, EdgeVisionError
+from .errors import ConfigError, EdgeVisionError, UnsupportedProtocol
 from .infer import InferenceService
 from .metrics import Metrics
 from .models import ModelSpec, load_model_spec
@@ -37,6 +38,7 @@ from .pipeline import FramePipeline
 from .receive import PROTOCOL_VERSION
 from .session import MAX_FORWARDED_FOR, Session, new_session
 from .state import StateKeeper, create_store
+from .versions import BASE_FEATURES, choose_protocol, refusal
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,9 @@ NODE = web.AppKey("node", dict[str, Any])
 STARTUP: web.AppKey[asyncio.Task[None]] = web.AppKey("startup")
 STATE = web.AppKey("state", dict[str, Any])
 CONNECTION_CTX = web.AppKey("connection_ctx", ConnectionContext)
+#: Optional features this node has, announced in hello (docs/protocol.md, "Versions"): a
+#: feature turned on by config is appended in create_app.
+FEATURES = web.AppKey("features", list[str])
 
 REPO_WEB = Path(__file__).resolve().parent.parent / "web"
 
@@ -142,6 +147,12 @@ async def index(request: web.Request) -> web.StreamResponse:
 async def ws_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
     cfg, service, keeper = app[CONFIG], app[SERVICE], app[KEEPER]
+    try:  # a wrong version is the client's bug whatever the node's state: say so first
+        protocol = choose_protocol(request.query.get("protocol"))
+    except UnsupportedProtocol as e:
+        raise web.HTTPBadRequest(
+            text=json.dumps(refusal(e)) + "\n", content_type="application/json"
+        ) from None
     if app[STATE].get("stopping"):
         raise web.HTTPServiceUnavailable(text="server is shutting down\n")
     if not service.status.ready:
@@ -190,9 +201,10 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
     )
     await ws.prepare(request)
     keeper.open_session(session)
-    conn = Connection(ws, session, app[CONNECTION_CTX])
+    conn = Connection(ws, session, app[CONNECTION_CTX], protocol)
     app[CONNECTIONS][session.id] = conn
     spec = service.spec
+    features: list[str] = app[FEATURES]
     try:
         await conn.send(
             reply.hello(
@@ -216,6 +228,8 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
                 },
                 counters=session.counters(),
                 node_id=app[NODE]["id"],
+                protocol=protocol.number,
+                features=features,
             )
         )
         await conn.serve()
@@ -293,6 +307,7 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     app[SERVICE] = service
     app[PIPELINE] = pipeline
     app[CONNECTIONS] = {}
+    app[FEATURES] = list(BASE_FEATURES)
     app[STATE] = {"web_root": config.server.web_root or REPO_WEB}
     started = time.time()
     app[NODE] = {"id": node_id, "started": started}

@@ -8,6 +8,7 @@ import pytest
 import websockets
 
 from edge_vision.aio import with_timeout
+from edge_vision.receive import PROTOCOL_VERSION
 
 from .support.assertions import (
     assert_box_overlaps,
@@ -26,7 +27,7 @@ TS = 1732950000123.4
 async def test_hello_describes_session_model_and_limits(server: RunningServer) -> None:
     async with aiohttp.ClientSession() as s:
         ws, hello = await connect(s, server.ws_url)
-        assert hello["protocol"] == 1
+        assert hello["protocol"] == PROTOCOL_VERSION
         assert hello["session_id"] and hello["resume_token"].startswith(hello["session_id"])
         assert hello["model"] == "PP-OCRv6_det_small"
         assert hello["labels"] == ["text"]

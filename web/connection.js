@@ -3,7 +3,7 @@
 // `closing`), an application-level ping that notices a dead network, and a plain-words
 // reason when the server refuses (docs/protocol.md).
 
-import { pingMessage } from "./protocol.js";
+import { PROTOCOL_VERSION, pingMessage } from "./protocol.js";
 
 const BACKOFF_FIRST_MS = 250;
 const BACKOFF_MAX_MS = 8000;
@@ -81,6 +81,7 @@ export class SessionConnection {
 
   _open() {
     const url = new URL(this.url);
+    url.searchParams.set("protocol", String(PROTOCOL_VERSION)); // the version this page speaks
     if (this.resumeToken) url.searchParams.set("resume", this.resumeToken);
     this._setState({
       kind: "connecting",

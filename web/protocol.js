@@ -1,6 +1,7 @@
-// The client side of docs/protocol.md (version 1): frame messages and session settings.
+// The client side of docs/protocol.md (version 2): frame messages and session settings.
 
-export const PROTOCOL_VERSION = 1;
+/** The version this page speaks; sent as `?protocol=` (docs/protocol.md, "Versions"). */
+export const PROTOCOL_VERSION = 2;
 
 /**
  * A binary `frame` message: uint32 big-endian header length, the UTF-8 JSON header
