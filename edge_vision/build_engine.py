@@ -143,8 +143,7 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .cli import setup_logging
-    from .engines.tensorrt import build_for_config
-    from .engines.trt_plan import profile_for, validate_build_settings
+    from .engines.tensorrt import build_for_config, profile_for, validate_build_settings
     from .models import load_model_spec
 
     setup_logging(config.logging.level)

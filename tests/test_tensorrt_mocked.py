@@ -35,8 +35,9 @@ import pytest
 
 from edge_vision.cli import main
 from edge_vision.cuda.base import CudaEvent, CudaRuntime, CudaStream, DeviceBuffer, PinnedBuffer
-from edge_vision.engines import create_engine
-from edge_vision.engines import tensorrt as trt_engine
+from edge_vision.engines import create_engine, gpu_base
+from edge_vision.engines.tensorrt import build as trt_build
+from edge_vision.engines.tensorrt import library as trt_library
 from edge_vision.errors import EngineError
 from edge_vision.infer import InferenceService
 from edge_vision.models import ModelSpec
@@ -525,9 +526,10 @@ def mock_trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[MockState, types
     state = MockState()
     module = make_mock_tensorrt(state)
     monkeypatch.setitem(sys.modules, "tensorrt", module)
-    monkeypatch.setattr(trt_engine, "_LOGGER", None)  # the logger class is per module
-    monkeypatch.setattr(trt_engine, "_BUILD_FAILURES", {})
-    monkeypatch.setattr(trt_engine, "open_runtime", lambda *a, **k: MockCudaRuntime(state))
+    monkeypatch.setattr(trt_library, "_LOGGER", None)  # the logger class is per module
+    monkeypatch.setattr(trt_build, "_BUILD_FAILURES", {})
+    for opener in (trt_build, gpu_base):  # plan builds, the engine's start
+        monkeypatch.setattr(opener, "open_runtime", lambda *a, **k: MockCudaRuntime(state))
     yield state, module
 
 

@@ -22,7 +22,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from edge_vision.engines import trt_plan as plan
+from edge_vision.engines import tensorrt as plan
 from edge_vision.errors import ConfigError, EngineError, ModelError
 from edge_vision.models import ModelSpec
 from edge_vision.shape import (
@@ -458,7 +458,7 @@ def test_build_progress_logs_phases_and_can_cancel_the_build(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     progress = plan.LogBuildProgress(interval_s=0.0, notify=False)
-    with caplog.at_level(logging.INFO, logger="edge_vision.engines.trt_plan"):
+    with caplog.at_level(logging.INFO, logger="edge_vision.engines.tensorrt.progress"):
         progress.phase_start("Building engine", None, 4)
         progress.phase_start("Tactic timing", "Building engine", 10)
         assert progress.step_complete("Tactic timing", 2) is True

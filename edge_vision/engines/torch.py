@@ -1,8 +1,9 @@
 """torch engine: the ONNX graph through torch, with CUDA graphs and an in-flight pipeline.
 
-On a CUDA device each of ``engine.in_flight`` *slots* owns a CUDA stream (from the CUDA
-layer, :mod:`edge_vision.cuda`), an event, pinned host memory for outputs, and one captured
-CUDA graph per (batch bucket, H, W). A batch is::
+The run path (slots with a CUDA stream and an event each, per-frame upload, the
+infer/wait/error block, teardown) is :class:`~.gpu_base.GpuEngine`'s; what is torch's own
+is here: each slot also holds pinned host memory for outputs and one captured CUDA graph
+per (batch bucket, H, W). A batch is::
 
     letterboxed uint8 frames, already in pinned memory (the decode pool's allocator is
     the CUDA layer's pinned allocator while this engine is active)
@@ -12,8 +13,8 @@ CUDA graph per (batch bucket, H, W). A batch is::
 
 so batch k+1's copies run while batch k computes on another stream. Batch sizes are
 rounded up to power-of-two buckets (padding rows are ignored) to bound how many graphs
-are captured. This is the same buffer/stream/event path the TensorRT engine uses; it is
-how this project proves the CUDA pipeline on real GPUs where TensorRT is absent.
+are captured. The TensorRT engine runs on the same base; this engine is how this project
+proves the CUDA pipeline on real GPUs where TensorRT is absent.
 
 On ``engine.torch.device: cpu`` it runs eagerly (no pinned memory, no graphs): slow, but
 it lets CI check the converter and engine against ONNX Runtime without a GPU.
@@ -25,18 +26,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..config import Config
-from ..cuda import CudaEvent, CudaRuntime, CudaStream, PinnedBuffer, open_runtime
-from ..decode import Allocator
+from ..cuda import PinnedBuffer
 from ..errors import EngineError
 from ..models import ModelSpec
-from .base import Engine, SlotPool, U8Array
+from .base import U8Array
+from .gpu_base import GpuEngine, GpuSlot
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +57,25 @@ class _Graph:
 
 
 @dataclass
-class _Slot:
-    index: int
-    stream: CudaStream
+class _Slot(GpuSlot):
     torch_stream: Any
-    event: CudaEvent
     pinned_out: PinnedBuffer | None = None
     graphs: dict[tuple[int, int, int], _Graph] = field(default_factory=dict)
     pool: Any = None  # CUDA graph memory pool shared by this slot's graphs
 
+    def close(self) -> None:
+        if self.pinned_out is not None:
+            self.pinned_out.close()
+        self.graphs.clear()
+        super().close()
 
-class TorchEngine(Engine):
+
+_Layout = list[tuple[int, tuple[int, ...]]]
+
+
+class TorchEngine(GpuEngine[_Slot, _Layout]):
     kind = "torch"
+    thread_prefix = "torch"
 
     def __init__(self, spec: ModelSpec, config: Config) -> None:
         super().__init__(spec, config)
@@ -76,11 +83,6 @@ class TorchEngine(Engine):
         self._torch: Any = None
         self._module: Any = None
         self._device: Any = None
-        self.runtime: CudaRuntime | None = None
-        self._all_slots: list[_Slot] = []
-        self._slot_pool: SlotPool[_Slot] = SlotPool(self._all_slots)
-        self._launcher: ThreadPoolExecutor | None = None
-        self._collector: ThreadPoolExecutor | None = None
         self._scale: Any = None
         self._shift: Any = None
         self.graph_captures = 0
@@ -90,18 +92,9 @@ class TorchEngine(Engine):
     def cuda(self) -> bool:
         return self._device is not None and self._device.type == "cuda"
 
-    def host_allocator(self) -> Allocator | None:
-        return self.runtime.pinned_allocator if self.runtime is not None else None
-
     # -- start ----------------------------------------------------------------------
 
-    async def start(self) -> None:
-        self._launcher = ThreadPoolExecutor(1, thread_name_prefix="torch-launch")
-        self._collector = ThreadPoolExecutor(2, thread_name_prefix="torch-collect")
-        # Importing torch reads hundreds of files: never on the event loop.
-        await asyncio.get_running_loop().run_in_executor(self._launcher, self._build)
-
-    def _build(self) -> None:
+    def _start_sync(self) -> None:
         try:
             import torch
         except ImportError as e:
@@ -134,15 +127,15 @@ class TorchEngine(Engine):
         self._shift = shift.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._dtype = dtype
         if self.cuda:
-            self.runtime = open_runtime(self.config.engine.cuda_backend, self._device.index or 0)
+            rt = self._open_runtime(self._device.index or 0)
             for i in range(self.max_in_flight):
-                stream = self.runtime.create_stream()
+                stream = rt.create_stream()
                 self._all_slots.append(
                     _Slot(
                         i,
                         stream,
+                        rt.create_event(),
                         self._torch.cuda.ExternalStream(stream.handle, device=self._device),
-                        self.runtime.create_event(),
                         pool=torch.cuda.graph_pool_handle(),
                     )
                 )
@@ -220,12 +213,7 @@ class TorchEngine(Engine):
 
     # -- one batch ------------------------------------------------------------------
 
-    def _rt(self) -> CudaRuntime:
-        if self.runtime is None:
-            raise RuntimeError("CUDA runtime used before start() or after close()")
-        return self.runtime
-
-    def _launch(self, slot: _Slot, frames: Sequence[U8Array]) -> list[tuple[int, tuple[int, ...]]]:
+    def _launch(self, slot: _Slot, frames: Sequence[U8Array]) -> _Layout:
         """Enqueue H2D → replay → D2H → event on the slot's stream (launcher thread)."""
         torch, rt = self._torch, self._rt()
         rt.bind_thread()
@@ -238,10 +226,8 @@ class TorchEngine(Engine):
             if slot.pinned_out is not None:  # grows during warm-up, then stays
                 slot.pinned_out.close()
             slot.pinned_out = rt.alloc_pinned(out_bytes)
-        frame_bytes = h * w * 3
-        base = g.static_in.data_ptr()
-        for i, frame in enumerate(frames):  # rows past len(frames) are padding, never read
-            rt.copy_htod_async(base + i * frame_bytes, np.ascontiguousarray(frame), slot.stream)
+        # Rows past len(frames) are padding, never read.
+        self._upload_frames(g.static_in.data_ptr(), frames, slot.stream)
         with torch.cuda.stream(slot.torch_stream):
             if g.graph is not None:
                 g.graph.replay()
@@ -266,53 +252,23 @@ class TorchEngine(Engine):
             return [o.numpy() for o in self._forward(x)]
 
     async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
-        if self._launcher is None:
-            raise RuntimeError("engine not started")
-        loop = asyncio.get_running_loop()
-        if not self.cuda:
+        if self._launcher is not None and not self.cuda:
+            loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._launcher, self._cpu_run, frames)
-        async with self._slot_pool.take() as slot:
-            try:
-                layout = await loop.run_in_executor(self._launcher, self._launch, slot, frames)
-                await self._rt().wait(slot.event)
-            except RuntimeError as e:  # torch reports CUDA failures as RuntimeError
-                raise EngineError(f"torch engine failed on a batch of {len(frames)}: {e}") from e
-            # Copying the outputs out of the slot's pinned memory (megabytes per batch)
-            # happens in a worker thread, not on the event loop.
-            outputs = await loop.run_in_executor(
-                self._collector, self._collect, slot, layout, len(frames)
-            )
-            return outputs
+        return await super().infer(frames)
 
-    @staticmethod
-    def _collect(slot: _Slot, layout: list[tuple[int, tuple[int, ...]]], n: int) -> list[Any]:
+    def _collect(self, slot: _Slot, layout: _Layout, n: int) -> list[np.ndarray]:
         pinned = slot.pinned_out
         if pinned is None:
             raise RuntimeError("batch finished without output buffers")
         outputs, offset = [], 0
         for nbytes, shape in layout:
             host = pinned.array[offset : offset + nbytes].view(np.float32).reshape(shape)
-            outputs.append(host[:n].copy())  # the slot is reused by the next batch
+            outputs.append(host[:n].copy())
             offset += nbytes
         return outputs
 
-    async def close(self) -> None:
-        if self._collector is not None:
-            await asyncio.to_thread(self._collector.shutdown, True)
-            self._collector = None
-        if self._launcher is not None:
-            await asyncio.to_thread(self._launcher.shutdown, True)
-            self._launcher = None
-        for slot in self._all_slots:
-            if slot.pinned_out is not None:
-                slot.pinned_out.close()
-            slot.graphs.clear()
-            slot.event.close()
-            slot.stream.close()
-        self._all_slots.clear()
-        if self.runtime is not None:
-            self.runtime.close()
-            self.runtime = None
+    def _release_backend(self) -> None:
         self._module = None
 
     def describe(self) -> dict[str, Any]:
@@ -324,6 +280,5 @@ class TorchEngine(Engine):
             "graphs_captured": self.graph_captures,
         }
         if self.runtime is not None:
-            d["cuda_backend"] = self.runtime.name
             d["gpu"] = self.runtime.device_name()
         return d

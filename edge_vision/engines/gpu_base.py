@@ -1,0 +1,161 @@
+"""What every CUDA engine shares: slots, host allocator, launcher, per-frame upload, the
+infer/wait/error block and teardown. Each backend keeps only its own part.
+
+A CUDA engine owns ``engine.in_flight`` *slots*; each slot holds a CUDA stream and an
+event (from the CUDA layer, :mod:`edge_vision.cuda`) plus the backend's buffers. A batch
+takes a free slot for its whole trip::
+
+    letterboxed uint8 frames in pinned memory (the decode pool's allocator is the CUDA
+    layer's pinned allocator while the engine is active)
+    --H2D per frame (slot stream)--> the backend's run (graph replay, execute_async_v3)
+    --D2H (slot stream)--> pinned outputs --event--> awaited without blocking the loop
+    --> outputs copied out of the slot's pinned memory in a collector thread
+
+One launcher thread enqueues work, so batch k+1's copies run while batch k computes on
+another slot's stream. :class:`GpuEngine` does all of that; a backend implements
+:meth:`GpuEngine._start_sync` (open the runtime, load the network, make the slots),
+:meth:`GpuEngine._launch` (enqueue one batch on a slot's stream, record its event) and
+:meth:`GpuEngine._collect` (copy the outputs out), and may add to
+:meth:`GpuEngine._release_backend` (what must go before the memory it points at).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import abstractmethod
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+
+from ..config import Config
+from ..cuda import CudaEvent, CudaRuntime, CudaStream, open_runtime
+from ..decode import Allocator
+from ..errors import EngineError
+from ..models import ModelSpec
+from .base import Engine, SlotPool, U8Array
+
+
+@dataclass
+class GpuSlot:
+    """One in-flight slot: a stream and an event; backends add their buffers."""
+
+    index: int
+    stream: CudaStream
+    event: CudaEvent
+
+    def close(self) -> None:
+        """Free what the slot owns; backends free their buffers, then call this."""
+        self.event.close()
+        self.stream.close()
+
+
+SlotT = TypeVar("SlotT", bound=GpuSlot)
+#: What a backend's launch hands to its collect (the outputs' layout in pinned memory).
+LayoutT = TypeVar("LayoutT")
+
+
+class GpuEngine(Engine, Generic[SlotT, LayoutT]):
+    """A CUDA engine: the shared run path; see the module docstring."""
+
+    #: Thread name prefix of the launcher and collector threads ("torch", "trt").
+    thread_prefix: ClassVar[str]
+
+    def __init__(self, spec: ModelSpec, config: Config) -> None:
+        super().__init__(spec, config)
+        self.runtime: CudaRuntime | None = None
+        self._all_slots: list[SlotT] = []
+        self._slot_pool: SlotPool[SlotT] = SlotPool(self._all_slots)
+        self._launcher: ThreadPoolExecutor | None = None
+        self._collector: ThreadPoolExecutor | None = None
+
+    def host_allocator(self) -> Allocator | None:
+        return self.runtime.pinned_allocator if self.runtime is not None else None
+
+    # -- start ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._launcher = ThreadPoolExecutor(1, thread_name_prefix=f"{self.thread_prefix}-launch")
+        self._collector = ThreadPoolExecutor(2, thread_name_prefix=f"{self.thread_prefix}-collect")
+        # Importing torch or TensorRT reads hundreds of files: never on the event loop.
+        await asyncio.get_running_loop().run_in_executor(self._launcher, self._start_sync)
+
+    @abstractmethod
+    def _start_sync(self) -> None:
+        """Open the runtime (:meth:`_open_runtime`), load the network, make the slots
+        (launcher thread)."""
+
+    def _open_runtime(self, device: int = 0) -> CudaRuntime:
+        self.runtime = open_runtime(self.config.engine.cuda_backend, device)
+        self.runtime.bind_thread()
+        return self.runtime
+
+    def _rt(self) -> CudaRuntime:
+        if self.runtime is None:
+            raise RuntimeError("CUDA runtime used before start() or after close()")
+        return self.runtime
+
+    # -- one batch ------------------------------------------------------------------
+
+    def _upload_frames(self, base: int, frames: Sequence[U8Array], stream: CudaStream) -> None:
+        """H2D of each frame to consecutive rows at device address ``base`` (one copy per
+        frame: they sit in separate pinned buffers of the decode pool)."""
+        rt = self._rt()
+        for i, frame in enumerate(frames):
+            rt.copy_htod_async(base + i * frame.nbytes, np.ascontiguousarray(frame), stream)
+
+    @abstractmethod
+    def _launch(self, slot: SlotT, frames: Sequence[U8Array]) -> LayoutT:
+        """Enqueue upload → run → D2H → event record on the slot's stream (launcher thread)."""
+
+    @abstractmethod
+    def _collect(self, slot: SlotT, layout: LayoutT, n: int) -> list[np.ndarray]:
+        """The ``n`` real rows of each output, copied out of the slot's pinned memory (the
+        slot is reused by the next batch). Runs in a collector thread."""
+
+    async def _run_on_slot(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
+        loop = asyncio.get_running_loop()
+        async with self._slot_pool.take() as slot:
+            try:
+                layout = await loop.run_in_executor(self._launcher, self._launch, slot, frames)
+                await self._rt().wait(slot.event)
+            except RuntimeError as e:  # torch and pybind11 report CUDA failures so
+                raise EngineError(
+                    f"{self.kind} engine failed on a batch of {len(frames)}: {e}"
+                ) from e
+            # Megabytes per batch: copied out in a worker thread, not on the event loop.
+            return await loop.run_in_executor(
+                self._collector, self._collect, slot, layout, len(frames)
+            )
+
+    async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
+        if self._launcher is None or not self._all_slots:
+            raise RuntimeError("engine not started")
+        return await self._run_on_slot(frames)
+
+    # -- end ------------------------------------------------------------------------
+
+    def _release_backend(self) -> None:
+        """Drop backend objects that point into slot memory, before it is freed."""
+
+    async def close(self) -> None:
+        for name in ("_collector", "_launcher"):
+            pool: ThreadPoolExecutor | None = getattr(self, name)
+            if pool is not None:
+                await asyncio.to_thread(pool.shutdown, True)
+                setattr(self, name, None)
+        self._release_backend()
+        for slot in self._all_slots:
+            slot.close()
+        self._all_slots.clear()
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        if self.runtime is not None:
+            d["cuda_backend"] = self.runtime.name
+        return d

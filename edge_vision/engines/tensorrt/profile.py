@@ -1,0 +1,176 @@
+"""The optimisation profile of a plan: MIN/OPT/MAX of batch, height and width.
+
+Plain code, tested on CPUs (tests/test_trt_plan.py): :func:`derive_profile` makes the
+profile (TensorRT ``IOptimizationProfile``) from the model's input limits and the config,
+so every shape :func:`edge_vision.shape.choose_input_shape` can pick lies inside it, and
+:func:`calibration_shape` the fixed shape INT8 calibration runs at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ...config import TensorRTConfig
+from ...errors import ConfigError, EngineError
+from ...shape import InputLimits, choose_input_shape
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeProfile:
+    """MIN/OPT/MAX of batch, height and width: one TensorRT optimisation profile.
+
+    The engine input is ``[N, H, W, 3]`` uint8 (:func:`wrap_uint8_input`), so the shapes
+    given to ``IOptimizationProfile.set_shape`` are ``(N, H, W, 3)``.
+    """
+
+    batch: tuple[int, int, int]
+    height: tuple[int, int, int]
+    width: tuple[int, int, int]
+
+    def __post_init__(self) -> None:
+        for name, (lo, opt, hi) in (
+            ("batch", self.batch),
+            ("height", self.height),
+            ("width", self.width),
+        ):
+            if not 1 <= lo <= opt <= hi:
+                raise ConfigError(
+                    f"TensorRT profile {name} must satisfy 1 <= min <= opt <= max, "
+                    f"got {lo}/{opt}/{hi}"
+                )
+
+    def shapes(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """``(min, opt, max)`` input shapes ``(N, H, W, 3)`` for ``set_shape``."""
+        return (
+            (self.batch[0], self.height[0], self.width[0], 3),
+            (self.batch[1], self.height[1], self.width[1], 3),
+            (self.batch[2], self.height[2], self.width[2], 3),
+        )
+
+    @property
+    def static(self) -> bool:
+        """True when min == opt == max for every dimension (what DLA requires)."""
+        return all(lo == hi for lo, _, hi in (self.batch, self.height, self.width))
+
+    def run_batch(self, n: int) -> int:
+        """The batch actually run for ``n`` frames: padded up to the profile's minimum."""
+        return max(n, self.batch[0])
+
+    def check(self, n: int, height: int, width: int) -> None:
+        """Raise EngineError unless an ``n × height × width`` batch fits the profile."""
+        b = self.run_batch(n)
+        if not (
+            b <= self.batch[2]
+            and self.height[0] <= height <= self.height[2]
+            and self.width[0] <= width <= self.width[2]
+        ):
+            raise EngineError(
+                f"a batch of {n} at {width}x{height} is outside the TensorRT profile (batch "
+                f"{self.batch[0]}..{self.batch[2]}, height {self.height[0]}..{self.height[2]}, "
+                f"width {self.width[0]}..{self.width[2]}); rebuild the plan for these limits"
+            )
+
+    def as_json(self) -> dict[str, list[int]]:
+        lo, opt, hi = self.shapes()
+        return {"min": list(lo), "opt": list(opt), "max": list(hi)}
+
+    @classmethod
+    def from_shapes(cls, lo: Sequence[int], opt: Sequence[int], hi: Sequence[int]) -> ShapeProfile:
+        """From three ``(N, H, W, 3)`` shapes (a JSON record, or an engine's profile)."""
+        return cls(
+            (int(lo[0]), int(opt[0]), int(hi[0])),
+            (int(lo[1]), int(opt[1]), int(hi[1])),
+            (int(lo[2]), int(opt[2]), int(hi[2])),
+        )
+
+
+def side_range(limits: InputLimits) -> tuple[int, int]:
+    """Smallest and largest side :func:`~edge_vision.shape.choose_input_shape` can return.
+
+    The long side goes to the target, so no side exceeds the stride-rounded target even
+    when ``max_side`` allows more; a profile no larger than that keeps the execution
+    contexts' device memory small (it is sized for the profile's maximum), which counts
+    on a Jetson. Same arithmetic as ``choose_input_shape``'s clamp, checked by a test that
+    sweeps frame sizes, so the profile and the shapes the server picks never disagree.
+    """
+    stride = limits.stride
+    lo = -(-limits.min_side // stride) * stride
+    hi = limits.max_side - limits.max_side % stride
+    target = -(-limits.target // stride) * stride
+    return min(lo, hi), min(max(target, lo), hi)
+
+
+def derive_profile(
+    limits: InputLimits,
+    max_batch: int,
+    *,
+    opt_batch: int | None = None,
+    opt_shape: tuple[int, int] | None = None,
+    dla: bool = False,
+) -> ShapeProfile:
+    """The optimisation profile for a model's input limits and the engine config.
+
+    * batch: ``1 .. max_batch``, tuned for ``opt_batch`` (default ``max_batch``: when
+      several cameras keep the batcher full, that is the load that matters);
+    * height and width: every side ``choose_input_shape`` can produce (``side_range``),
+      tuned for ``opt_shape`` (default: the input of a 16:9 landscape frame, 640×384 with
+      the default limits, since most cameras are 16:9).
+
+    ``dla``: TensorRT's DLA restrictions say "DLA does not support dynamic dimensions, so
+    the profile's min, max, and opt values must be equal". Then every dimension must
+    be static: the sides must already be (``model.min_side == model.max_side`` makes every
+    frame run at one square size) and the batch is fixed at ``max_batch`` (smaller batches
+    are padded; use ``engine.max_batch: 1`` for the lowest latency on DLA).
+    """
+    if max_batch < 1:
+        raise ConfigError(f"engine.max_batch must be >= 1, got {max_batch}")
+    lo, hi = side_range(limits)
+    if dla:
+        if lo != hi:
+            raise ConfigError(
+                "a DLA plan needs static input shapes (TensorRT: DLA does not support dynamic "
+                f"dimensions), but model.min_side/max_side allow {lo}..{hi}; set both to one "
+                "value (e.g. model.min_side: 640, model.max_side: 640) so every frame runs at "
+                "that square size"
+            )
+        return ShapeProfile((max_batch, max_batch, max_batch), (lo, lo, lo), (lo, lo, lo))
+    ob = max_batch if opt_batch is None else opt_batch
+    if not 1 <= ob <= max_batch:
+        raise ConfigError(
+            f"engine.tensorrt.opt_batch must lie in 1..engine.max_batch ({max_batch}), got {ob}"
+        )
+    if opt_shape is None:
+        oh, ow = choose_input_shape(1920, 1080, limits)  # (height, width) of a 16:9 frame
+    else:
+        oh, ow = opt_shape
+        for name, side in (("height", oh), ("width", ow)):
+            if not lo <= side <= hi or side % limits.stride:
+                raise ConfigError(
+                    f"engine.tensorrt.opt_shape {name} {side} must be a multiple of "
+                    f"{limits.stride} within {lo}..{hi} (model.min_side/max_side)"
+                )
+    return ShapeProfile((1, ob, max_batch), (lo, oh, hi), (lo, ow, hi))
+
+
+def profile_for(limits: InputLimits, max_batch: int, tcfg: TensorRTConfig) -> ShapeProfile:
+    """:func:`derive_profile` with the ``engine.tensorrt`` settings."""
+    return derive_profile(
+        limits,
+        max_batch,
+        opt_batch=tcfg.opt_batch,
+        opt_shape=tcfg.opt_shape,
+        dla=tcfg.dla_core is not None,
+    )
+
+
+def calibration_shape(profile: ShapeProfile, batch: int) -> tuple[int, int, int]:
+    """``(batch, H, W)`` of INT8 calibration batches: the profile's OPT sides.
+
+    TensorRT calibrates a network with dynamic shapes at one fixed shape (the calibration
+    profile's OPT; ``IBuilderConfig.set_calibration_profile``), so every calibration frame
+    is letterboxed to the sides the plan is tuned for. The batch is capped by the profile.
+    """
+    b = min(max(1, batch), profile.batch[2])
+    b = max(b, profile.batch[0])
+    return b, profile.height[1], profile.width[1]
