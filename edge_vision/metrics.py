@@ -7,6 +7,8 @@ import weakref
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .jetson_metrics import register_jetson_collector
+
 STAGES = ("decode", "shape", "queue", "batch_wait", "infer", "post", "server")
 _LATENCY_BUCKETS = (
     0.001,
@@ -93,6 +95,8 @@ class Metrics:
         self.state_degraded = Gauge(
             p + "state_degraded", "1 while the state store is unreachable", registry=r
         )
+        # Board figures, on a Jetson only (jetson_metrics.py); None elsewhere: no series.
+        self.jetson = register_jetson_collector(r)
 
     def observe_timing(self, timing: dict[str, float]) -> None:
         for stage, child in self._stage_children.items():

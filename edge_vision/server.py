@@ -118,7 +118,9 @@ async def metrics_handler(request: web.Request) -> web.Response:
     m = app[METRICS]
     m.connections.set(len(app[CONNECTIONS]))
     m.set_engine(app[SERVICE].status.active, app[SERVICE].status.degraded)
-    return web.Response(body=m.render(), headers={"Content-Type": m.content_type})
+    # The Jetson collector reads sysfs files at every scrape: off the loop.
+    body = await asyncio.to_thread(m.render) if m.jetson is not None else m.render()
+    return web.Response(body=body, headers={"Content-Type": m.content_type})
 
 
 async def api_sessions(request: web.Request) -> web.Response:
