@@ -30,7 +30,7 @@ from . import reply
 from .aio import cancel_and_wait, with_timeout
 from .config import Config
 from .connection import Connection, ConnectionContext, ConnectionDone
-from .errors import ConfigError, EdgeVisionError, UnsupportedProtocol
+from .errors import EdgeVisionError, UnsupportedProtocol
 from .infer import InferenceService
 from .metrics import Metrics
 from .models import ModelSpec, load_model_spec
@@ -101,6 +101,11 @@ async def readyz(request: web.Request) -> web.Response:
     body = {
         "ready": unhealthy is None and workers_warm and not app[STATE].get("stopping", False),
         "engine_problem": unhealthy,
+        # Up but not serving as configured: on the fallback, or (engine.fallback none) the
+        # engine failed to start or stopped answering; systemd's watchdog is still fed.
+        "degraded": bool(startup)
+        or service.status.degraded
+        or (service.status.ready and unhealthy is not None),
         "engine": _engine_json(service),
         "state": keeper.status(),  # degraded state never makes the node unready
         "connections": len(app[CONNECTIONS]),
@@ -369,110 +374,11 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
 
 
 def run_server(config: Config) -> None:
-    """Serve until SIGINT/SIGTERM; tells systemd READY=1 after warm-up when under a unit.
+    """Serve until SIGINT/SIGTERM, telling systemd READY/WATCHDOG/STATUS/STOPPING.
 
     With ``server.workers`` > 1, that many processes share the port (SO_REUSEPORT), each
-    with its own event loop and engine; the parent tells systemd READY=1 once all are
-    warm and forwards signals to them."""
-    from . import systemd
+    with its own event loop and engine, under a parent that speaks for the node: the
+    contract and the supervisor live in edge_vision/workers.py."""
+    from .workers import run_node
 
-    if config.server.workers > 1:
-        _run_workers(config)
-        return
-    _serve_until_signalled(config, reuse_port=False, on_ready=lambda: systemd.notify("READY=1"))
-
-
-def _serve_until_signalled(
-    config: Config, reuse_port: bool, on_ready: Any, workers_warm: Any = None
-) -> None:
-    from . import systemd
-
-    app = create_app(config)
-    if workers_warm is not None:
-        app[STATE]["workers_warm"] = workers_warm
-
-    async def _notify_when_ready(app: web.Application) -> AsyncIterator[None]:
-        async def watch() -> None:
-            await app[STARTUP]
-            on_ready()
-            log.info("ready on http://%s:%s", config.server.host, config.server.port)
-            interval = systemd.watchdog_interval_s()
-            while interval:
-                if app[SERVICE].status.ready:  # a wedged engine stops the watchdog pings
-                    systemd.notify("WATCHDOG=1")
-                await asyncio.sleep(interval)
-
-        task = asyncio.create_task(watch())
-        yield
-        await cancel_and_wait(task)
-        systemd.notify("STOPPING=1")
-
-    app.cleanup_ctx.append(_notify_when_ready)
-    web.run_app(
-        app,
-        host=config.server.host,
-        port=config.server.port,
-        print=None,
-        shutdown_timeout=config.server.shutdown_grace_s + 2,
-        access_log=None,
-        reuse_port=reuse_port,
-    )
-
-
-def _worker_main(config_json: str, index: int, events: list[Any]) -> None:
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s %(levelname)s w{index} %(name)s: %(message)s"
-    )
-    config = Config.model_validate_json(config_json)
-    if config.state.node_id:
-        config.state.node_id = f"{config.state.node_id}-w{index}"
-    _serve_until_signalled(
-        config,
-        reuse_port=True,
-        on_ready=events[index].set,
-        workers_warm=lambda: _all_set(events),
-    )
-
-
-def _all_set(events: list[Any]) -> bool:
-    """Every worker of this node has finished warming up."""
-    return all(e.is_set() for e in events)
-
-
-def _run_workers(config: Config) -> None:
-    import multiprocessing as mp
-    import signal
-
-    from . import systemd
-
-    if config.server.port == 0:
-        raise ConfigError("server.workers > 1 needs a fixed server.port: the workers share it")
-    ctx = mp.get_context("spawn")
-    events = [ctx.Event() for _ in range(config.server.workers)]
-    procs = [
-        ctx.Process(target=_worker_main, args=(config.model_dump_json(), i, events), name=f"w{i}")
-        for i in range(len(events))
-    ]
-    for p in procs:
-        p.start()
-
-    def forward(signum: int, _frame: Any) -> None:
-        for p in procs:
-            if p.is_alive() and p.pid is not None:
-                os.kill(p.pid, signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    ready_sent = False
-    while any(p.is_alive() for p in procs):
-        if not ready_sent and _all_set(events):
-            systemd.notify("READY=1")
-            log.info("%d workers ready on port %s", len(procs), config.server.port)
-            ready_sent = True
-        if any(p.exitcode not in (None, 0) for p in procs):
-            forward(signal.SIGTERM, None)  # one worker died: stop all, let systemd restart
-        for p in procs:
-            p.join(timeout=0.5)
-    systemd.notify("STOPPING=1")
-    if any(p.exitcode for p in procs):
-        raise SystemExit(1)
+    run_node(config)
