@@ -67,7 +67,10 @@ PROTOCOLS: Final[Mapping[int, ProtocolVersion]] = MappingProxyType(
     {
         1: ProtocolVersion(
             1,
-            # v1 documented one code for every policy close: 1008 (docs/protocol.md).
+            # v1 closed an idle connection with 1001, as for a shutdown (but without a
+            # closing message); 4003 is close_codes.CloseCode.IDLE_TIMEOUT.
+            close_codes=MappingProxyType({4003: 1001}),
+            # v1 documented one code for every other policy close: 1008 (docs/protocol.md).
             app_close_fallback=1008,
         ),
         2: ProtocolVersion(2),

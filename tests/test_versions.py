@@ -46,9 +46,10 @@ def test_v1_clients_get_only_the_close_codes_protocol_1_documents() -> None:
     v1, v2 = PROTOCOLS[1], PROTOCOLS[2]
     for code in (1000, 1001, 1008, 1009):  # protocol 1's codes pass unchanged to both
         assert v1.close_code(code) == code and v2.close_code(code) == code
-    for code in (4000, 4401, 4999):  # application codes are protocol 2
+    for code in (4000, 4002, 4004, 4401, 4999):  # application codes are protocol 2
         assert v1.close_code(code) == 1008
         assert v2.close_code(code) == code
+    assert v1.close_code(4003) == 1001  # idle: protocol 1 closed it with 1001
     assert v2.at_least(2) and v1.at_least(1) and not v1.at_least(2)
 
 
