@@ -28,6 +28,8 @@ from .errors import ConfigError
 
 ENV_PREFIX = "EDGE_VISION_"
 ENV_CONFIG_FILE = "EDGE_VISION_CONFIG"
+#: The token secret's default variable (AuthConfig.token_secret_env): not a config key.
+ENV_TOKEN_SECRET = "EDGE_VISION_TOKEN_SECRET"
 
 Mode = Literal["latest", "every"]
 
@@ -49,6 +51,30 @@ class ServerConfig(_Section):
         ge=1,
         description="Largest image (width x height) accepted, checked from the header before "
         "decoding; larger is answered with image_too_large.",
+    )
+    max_decoded_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Most bytes one frame may decode to (BGR, after any DCT downscale), "
+        "checked from the header before decoding; more is answered with decoded_too_large. "
+        "64 MiB takes a 20 MP PNG or any JPEG up to max_pixels, and refuses a 116 KB PNG "
+        "of 6,320 x 6,320 zeros that would cost 120-230 MB to decode.",
+    )
+    memory_budget_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=16 * 1024 * 1024,
+        description="Bytes held by frames (encoded, decoding, in flight) and the decode "
+        "buffer pool, across all connections of the node; divided evenly between "
+        "server.workers. A frame without room waits (every mode, up to memory_wait_s) or is "
+        "answered with over_memory_budget. 512 MiB holds 64 maximal 8 MiB frames, or "
+        "thousands of 720p ones, and fits an 8 GB Jetson beside the model.",
+    )
+    memory_wait_s: float = Field(
+        1.0,
+        ge=0,
+        description="How long an 'every' frame without room in the memory budget waits "
+        "(its connection's reading paused: TCP back-pressure) before it is answered with "
+        "over_memory_budget. 'latest' frames never wait: a stale frame is worth less.",
     )
     max_connections: int = Field(256, ge=1, description="Open WebSockets above this get 503.")
     workers: int = Field(
@@ -81,6 +107,18 @@ class ServerConfig(_Section):
     web_root: Path | None = Field(
         None, description="Folder served at / (the overlay page); default: the repo's web/."
     )
+    close_linger_s: float = Field(
+        2.0,
+        ge=0,
+        description="After closing with 1009 (message too large), keep reading and "
+        "discarding for at most this long, so a client still writing its message receives "
+        "the close frame instead of a connection reset; 0 closes at once.",
+    )
+    test_echo_route: bool = Field(
+        False,
+        description="Tests only: serve a WebSocket echo route at /test/echo with /ws's "
+        "WebSocket settings (for Autobahn|Testsuite). Never enable in production.",
+    )
 
 
 class DbnetConfig(_Section):
@@ -90,6 +128,18 @@ class DbnetConfig(_Section):
     unclip_ratio: float = Field(1.6, gt=0, description="Box expansion: area * ratio / perimeter.")
     max_candidates: int = Field(1000, ge=1, description="Contours examined per frame.")
     min_size: float = Field(3.0, ge=0, description="Shortest box side kept, input pixels.")
+    dilate: bool = Field(
+        True,
+        description="Dilate the binarised map with a 2x2 kernel before finding contours, as "
+        "the reference pipeline does: joins small text that a thin gap splits.",
+    )
+    max_height_fraction: float = Field(
+        0.9,
+        gt=0,
+        description="Drop a box whose text height (short side, after unclip) is more than "
+        "this fraction of the frame's short side: the model's whole-image response to "
+        "textless photos, not text (docs/results.md).",
+    )
 
 
 class ModelConfig(_Section):
@@ -240,6 +290,30 @@ class DecodeConfig(_Section):
     workers: int = Field(
         0, ge=0, description="Threads for decode, shape and post; 0 means one per CPU core."
     )
+    device: Literal["host", "cuda", "auto"] = Field(
+        "host",
+        description="Where JPEGs are decoded and letterboxed: host (libjpeg-turbo), cuda "
+        "(nvJPEG through torchvision, batched, when a CUDA engine is active; other frames "
+        "still go the host way), auto (cuda when torch sees a GPU, else host).",
+    )
+    device_batch: int = Field(
+        64, ge=1, le=256, description="Most frames in one device decode call (decode.device)."
+    )
+    device_streams: int = Field(
+        2, ge=1, le=8, description="Device decode calls in flight at once, one stream each."
+    )
+    pool_idle_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=0,
+        description="Idle decode buffers kept after a quiet period (pool_idle_s); the rest "
+        "are freed and their memory handed back to the system. 16 MiB keeps a few 720p-1080p "
+        "frames' buffers warm.",
+    )
+    pool_idle_s: float = Field(
+        5.0,
+        gt=0,
+        description="A pool unused this long shrinks to pool_idle_bytes (checked this often).",
+    )
 
 
 class SessionConfig(_Section):
@@ -258,6 +332,21 @@ class SessionConfig(_Section):
         "reply (decoding, waiting for the engine, inferring, sending). One is decoded at a "
         "time and the newest decoded frame takes the place of one still waiting for the "
         "engine, so this only bounds work, never latency.",
+    )
+    max_messages_per_s: float = Field(
+        120.0,
+        ge=0,
+        description="Read budget of one connection: messages read per second (frames, "
+        "settings, pings, bad messages alike), up to message_burst at once. Over it the "
+        "server stops reading that socket (TCP back-pressure) until the budget refills, so "
+        "a flooding client costs what a 120 fps camera costs; in latest mode the frames it "
+        "reads are replaced by newer ones and counted as dropped. 0 turns the budget off.",
+    )
+    message_burst: int = Field(
+        60,
+        ge=1,
+        description="Messages one connection may send at once above max_messages_per_s "
+        "before its reading pauses (the token bucket's size).",
     )
 
 
@@ -318,6 +407,105 @@ class StateConfig(_Section):
         return self
 
 
+class ApiKeyConfig(_Section):
+    name: str = Field(
+        ..., pattern=r"^[A-Za-z0-9._:@-]{1,128}$", description="Who holds the key (the subject)."
+    )
+    sha256: str = Field(
+        ...,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Hex SHA-256 of the key (edge-vision token --new-api-key prints both); "
+        "the key itself is never in the config.",
+    )
+    scopes: list[Literal["stream", "admin"]] = Field(
+        default_factory=lambda: list[Literal["stream", "admin"]](["stream"]),
+        description="stream: /ws; admin: /metrics, /api/*.",
+    )
+
+
+class AuthConfig(_Section):
+    """Who may connect (docs/security.md). Off for the local demo; on in every shipped
+    deployment config."""
+
+    enabled: bool = Field(
+        False,
+        description="Require a credential (API key or signed token) on /ws, and the admin "
+        "scope on /metrics and /api/*. Off: anyone who reaches the port may connect.",
+    )
+    api_keys: list[ApiKeyConfig] = Field(
+        default_factory=list, description="Static API keys, stored as their SHA-256."
+    )
+    token_secret_file: Path | None = Field(
+        None,
+        description="File holding the HMAC secret that signs tokens (at least 32 bytes); "
+        "read at start, never logged. Unset: the variable named by token_secret_env.",
+    )
+    token_secret_env: str = Field(
+        ENV_TOKEN_SECRET,
+        pattern=r"^[A-Z_][A-Z0-9_]*$",
+        description="Environment variable holding the token secret when no file is named "
+        "(not another EDGE_VISION_ name: those are config keys).",
+    )
+
+    @model_validator(mode="after")
+    def _secret_env_is_not_config(self) -> AuthConfig:
+        env = self.token_secret_env
+        if env.startswith(ENV_PREFIX) and env != ENV_TOKEN_SECRET:
+            raise ValueError(f"auth.token_secret_env {env!r} would be read as a config key")
+        return self
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins (scheme://host[:port]) allowed to open /ws besides the "
+        "page's own; '*' allows any. Checked whenever a handshake carries Origin, auth on "
+        "or off; clients that send no Origin are judged by their credential alone.",
+    )
+    allow_query_token: bool = Field(
+        True,
+        description="Accept ?access_token= as a last resort (redacted from logs); prefer "
+        "Authorization: Bearer or the subprotocol entry.",
+    )
+
+
+class LimitsConfig(_Section):
+    """Fair shares of connections (docs/security.md, "Limits"); server.max_connections is
+    the total."""
+
+    max_connections_per_address: int = Field(
+        64, ge=1, description="Open WebSockets from one client address above this get 503."
+    )
+    max_connections_per_token: int = Field(
+        128,
+        ge=1,
+        description="Open WebSockets of one API key, or of all tokens of one subject, above "
+        "this get 503.",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Peers (addresses or CIDRs, e.g. 127.0.0.1 or 10.0.0.0/8) whose "
+        "X-Forwarded-For names the client; from any other peer the header is ignored.",
+    )
+    handshake_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A TCP connection that has not sent a complete HTTP request this long "
+        "after it opened (or after its last one) is closed; also bounds the work before "
+        "the WebSocket upgrade (credential check, resume claim).",
+    )
+
+    @model_validator(mode="after")
+    def _proxies_parse(self) -> LimitsConfig:
+        import ipaddress
+
+        for entry in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"limits.trusted_proxies: {entry!r} is not an address or CIDR"
+                ) from None
+        return self
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
 
@@ -329,6 +517,8 @@ class Config(_Section):
     decode: DecodeConfig = Field(default_factory=DecodeConfig)
     session: SessionConfig = Field(default_factory=SessionConfig)
     state: StateConfig = Field(default_factory=StateConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 
@@ -394,7 +584,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """``EDGE_VISION_SECTION__KEY=value`` entries as a nested dict."""
     tree: dict[str, Any] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
+        if not name.startswith(ENV_PREFIX) or name in (ENV_CONFIG_FILE, ENV_TOKEN_SECRET):
             continue
         dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
         _set_path(tree, dotted, _scalar(value))

@@ -8,7 +8,7 @@
 * the sender writes replies strictly in admission order.
 
 Nothing here is CPU-bound: parsing is a JSON load, every stage of the pipeline runs in
-a worker thread or on the engine. A client that stops reading is closed with 1008 after
+a worker thread or on the engine. A client that stops reading is closed with 4002 after
 ``server.send_timeout_s``; its frames never hold up anyone else.
 """
 
@@ -27,19 +27,28 @@ from aiohttp.http_websocket import WebSocketError
 from . import reply
 from .admit import Admission
 from .aio import cancel_and_wait, with_timeout, within
+from .budget import FrameLedger, frame_cost, wait_for_room
+from .close_codes import CloseCode
 from .config import Config
 from .errors import ClientError, EngineError, FrameSuperseded
 from .metrics import Metrics
-from .pipeline import FramePipeline
-from .receive import FrameMessage, PingMessage, SettingsMessage, parse_binary, parse_text
+from .pipeline import FramePipeline, FrameResult
+from .receive import (
+    FrameMessage,
+    MessageBudget,
+    PingMessage,
+    SettingsMessage,
+    check_frame,
+    parse_binary,
+    parse_text,
+)
 from .session import Session
 from .state import StateKeeper
+from .track import Tracker
 from .versions import CURRENT, ProtocolVersion
+from .websocket import ServerWebSocket, is_valid_utf8, reply_close_code
 
 log = logging.getLogger(__name__)
-
-CLOSE_SLOW_CLIENT = WSCloseCode.POLICY_VIOLATION  # 1008
-CLOSE_SUPERSEDED = WSCloseCode.POLICY_VIOLATION
 
 
 class ConnectionDone(Exception):
@@ -70,6 +79,8 @@ class Connection:
         self.ctx = ctx
         # The version this client speaks: ask it (flags, close_code) where versions differ.
         self.protocol = protocol
+        # Track ids (since protocol 2): one tracker per connection, fed in reply order.
+        self.tracker = Tracker()
         cfg = ctx.config
         self.admission: Admission[FrameMessage] = Admission(session.mode, cfg.session.every_queue)
         self._send_lock = asyncio.Lock()
@@ -79,8 +90,15 @@ class Connection:
         self._idle.set()
         self._decode_idle = asyncio.Event()
         self._decode_idle.set()
-        self._ordered: asyncio.Queue[asyncio.Task[tuple[str | None, bool]]] = asyncio.Queue()
+        self._ordered: asyncio.Queue[asyncio.Task[tuple[str | FrameResult | None, bool]]] = (
+            asyncio.Queue()
+        )
+        # What this connection's frames hold in the node's memory budget (budget.py).
+        self.memory = FrameLedger(ctx.pipeline.budget)
         self.client_close_code: int | None = None
+        self._budget = MessageBudget(  # the read budget (receive.MessageBudget)
+            cfg.session.max_messages_per_s, cfg.session.message_burst, time.monotonic()
+        )
         self.closed_by_server: str | None = None
 
     @property
@@ -101,7 +119,9 @@ class Connection:
             try:
                 await within(self.ws.send_str(text), self.ctx.config.server.send_timeout_s)
             except TimeoutError:
-                await self.close(CLOSE_SLOW_CLIENT, "client is not reading results", "slow_client")
+                await self.close(
+                    CloseCode.SLOW_CLIENT, "client is not reading results", "slow_client"
+                )
                 raise ConnectionDone from None
             except (ConnectionError, RuntimeError):
                 raise ConnectionDone from None
@@ -137,6 +157,7 @@ class Connection:
             self._count_dropped(len(self.admission.core.drain()) + self._in_flight)
             self._in_flight = 0
             self._idle.set()
+            self.memory.release_all()  # every frame of this connection is done with
 
     def _limit(self) -> int:
         s = self.ctx.config.session
@@ -159,6 +180,8 @@ class Connection:
             if latest:
                 self._decode_idle.clear()
             task = asyncio.create_task(self._process(frame, time.perf_counter(), latest))
+            # Done (or cancelled, even before it ran): nothing holds the frame's bytes now.
+            task.add_done_callback(self.memory.releaser(id(frame)))
             self._ordered.put_nowait(task)
 
     async def _send_in_order(self) -> None:
@@ -167,6 +190,8 @@ class Connection:
             text, is_result = await task
             if text is None:  # superseded: already counted and its place given back
                 continue
+            if isinstance(text, FrameResult):  # serialised here, so tracks see frame order
+                text = self._result_text(text)
             try:
                 await self.send(text)
             except (ConnectionDone, asyncio.CancelledError):
@@ -188,11 +213,48 @@ class Connection:
                 self._idle.set()
             self._capacity.notify_all()
 
+    async def _charge_memory(self, frame: FrameMessage) -> bool:
+        """Charge ``frame`` to the node's memory budget (budget.py). Without room, an
+        'every' frame waits (this reader pauses: TCP back-pressure) up to
+        ``server.memory_wait_s``; a 'latest' frame, or one that waited in vain, is answered
+        with over_memory_budget (counted as rejected) and False is returned."""
+        cost = frame_cost(len(frame.image), frame.image_is_base64)
+        budget = self.memory.budget
+        if self.admission.mode == "latest":
+            # The frame it replaces is released at once: its bytes count as room.
+            credit = sum(self.memory.charge_of(id(f)) for f in self.admission.core.waiting())
+            if self.memory.try_charge(id(frame), cost, credit=credit):
+                return True
+        else:
+            deadline = time.monotonic() + self.ctx.config.server.memory_wait_s
+            while not self.memory.try_charge(id(frame), cost):
+                self.ctx.metrics.memory_waits.inc()
+                left = deadline - time.monotonic()
+                if left <= 0 or not await wait_for_room(budget, cost, left):
+                    break
+            else:
+                return True
+        err = ClientError(
+            "over_memory_budget",
+            f"the server's memory budget ({budget.limit} bytes) has no room for this "
+            f"{cost}-byte frame now; retry shortly",
+            frame.id,
+        )
+        await self.send(self._rejected(err))
+        return False
+
+    def _frames_dropped(self, frames: list[FrameMessage]) -> None:
+        """Frames the admission policy dropped: counted, and their bytes given back."""
+        for f in frames:
+            self.memory.release(id(f))
+        self._count_dropped(len(frames))
+
     async def _process(
         self, frame: FrameMessage, taken_at: float, latest: bool
-    ) -> tuple[str | None, bool]:
+    ) -> tuple[str | FrameResult | None, bool]:
         """The reply for one frame and whether it is a result (else an error); no reply
-        (None) when a newer frame of this connection took its place."""
+        (None) when a newer frame of this connection took its place. A result is returned
+        as it is and serialised in reply order (:meth:`_result_text`)."""
         s = self.session
         try:
             res = await self.ctx.pipeline.process(
@@ -219,7 +281,14 @@ class Connection:
             err = ClientError("internal", "the server failed on this frame", frame.id)
             return self._rejected(err), False
         self.ctx.metrics.observe_timing(res.timing)
-        return reply.result(res, self.ctx.label, s.dropped), True
+        return res, True
+
+    def _result_text(self, res: FrameResult) -> str:
+        s = self.session
+        tracks = None
+        if s.track and self.protocol.at_least(2):
+            tracks = self.tracker.update(res.detections, res.frame.received_at).tolist()
+        return reply.result(res, self.ctx.label, s.dropped, tracks)
 
     def _rejected(self, err: ClientError) -> str:
         self.session.rejected += 1
@@ -239,55 +308,128 @@ class Connection:
     async def _read(self) -> None:
         cfg = self.ctx.config.server
         while not self.ws.closed:
+            wait = self._budget.take(time.monotonic())
+            if wait > 0:
+                await self._pause_reading(wait)
             try:
                 msg = await self.ws.receive(timeout=cfg.idle_timeout_s)
             except TimeoutError:
-                await self.close(WSCloseCode.GOING_AWAY, "idle timeout", "idle")
+                await self.close(CloseCode.IDLE_TIMEOUT, "idle timeout", "idle")
                 return
             if msg.type is WSMsgType.TEXT or msg.type is WSMsgType.BINARY:
                 try:
                     await self._handle(msg.type, msg.data)
                 except ConnectionDone:
                     return
-            elif msg.type is WSMsgType.ERROR:
-                self._read_error(msg.data)
+            elif msg.type is WSMsgType.CLOSE:
+                await self._peer_closed(msg.data)
                 return
-            else:  # CLOSE, CLOSING, CLOSED
+            elif msg.type is WSMsgType.ERROR:
+                await self._read_error(msg.data)
+                return
+            else:  # CLOSING, CLOSED: the socket went away (or we are closing it)
                 self.client_close_code = self.ws.close_code
+                if self.closed_by_server is None:
+                    log.info("session %s: client disconnected", self.session.id)
                 return
 
-    def _read_error(self, exc: Any) -> None:
-        if isinstance(exc, WebSocketError) and exc.code == WSCloseCode.MESSAGE_TOO_BIG:
-            self.session.rejected += 1
-            self.ctx.metrics.frames_rejected.labels("message_too_large").inc()
-            self.ctx.metrics.connections_closed.labels("message_too_large").inc()
-            self.closed_by_server = "message_too_large"
+    async def _pause_reading(self, seconds: float) -> None:
+        """Over its message budget: read nothing for ``seconds``. aiohttp's read queue
+        fills, it pauses the socket, and TCP holds the sender back (receive.MessageBudget)."""
+        m = self.ctx.metrics
+        m.read_pauses.inc()
+        m.read_paused_seconds.inc(seconds)
+        await asyncio.sleep(seconds)
+
+    async def _peer_closed(self, code: int | None) -> None:
+        """The client sent a close frame: answer it (autoclose is off, websocket.py), with
+        1002 when its code is one that must not be sent (RFC 6455 section 7.4.1)."""
+        self.client_close_code = code
+        answer = reply_close_code(code)
+        if answer == CloseCode.PROTOCOL_ERROR:
             log.info(
-                "session %s sent a message over the size limit; closed with 1009", self.session.id
+                "session %s closed with code %s, which no endpoint may send; answered 1002",
+                self.session.id,
+                code,
             )
+            await self.close(CloseCode.PROTOCOL_ERROR, "invalid close code", "protocol_error")
+            return
+        log.info("session %s: client closed the connection (code %s)", self.session.id, code)
+        try:
+            await with_timeout(self.ws.close(code=answer), 2.0)
+        except (TimeoutError, ConnectionError):
+            pass
+
+    async def _read_error(self, exc: Any) -> None:
+        """aiohttp failed the connection (it already sent its close code) or lost it."""
+        s, m = self.session, self.ctx.metrics
+        if isinstance(exc, WebSocketError) and exc.code == WSCloseCode.MESSAGE_TOO_BIG:
+            s.received += 1  # a message too broken to tell, answered by the close code
+            s.rejected += 1
+            m.frames_received.inc()
+            m.frames_rejected.labels("message_too_large").inc()
+            m.connections_closed.labels("message_too_large").inc()
+            self.closed_by_server = "message_too_large"
+            log.info("session %s sent a message over the size limit; closed with 1009", s.id)
+            if isinstance(self.ws, ServerWebSocket):
+                await self.ws.linger()  # so a client still writing reads the 1009
+        elif isinstance(exc, WebSocketError):
+            m.connections_closed.labels("protocol_error").inc()
+            self.closed_by_server = "protocol_error"
+            log.info("session %s broke RFC 6455 (%s); closed with %s", s.id, exc, exc.code)
         else:
-            log.info("session %s: protocol error %s", self.session.id, exc)
+            log.info("session %s: connection lost (%s)", s.id, type(exc).__name__)
 
     async def _handle(self, kind: WSMsgType, data: Any) -> None:
         now = time.perf_counter()
         s, m = self.session, self.ctx.metrics
         try:
             parsed = parse_text(data, now) if kind is WSMsgType.TEXT else parse_binary(data, now)
+            if isinstance(parsed, FrameMessage):
+                # Cheap checks now, in either mode: in latest mode a newer frame may take
+                # this one's place before it is decoded, and its error would be lost.
+                check_frame(parsed, self.ctx.config.server.max_pixels)
         except ClientError as e:
-            if e.code != "bad_settings":  # anything but settings may have been a frame
-                s.received += 1
-                m.frames_received.inc()
+            if kind is WSMsgType.TEXT and e.code == "bad_json" and not is_valid_utf8(data):
+                await self._invalid_text()
+                raise ConnectionDone from None
+            if e.code == "bad_settings":  # not a frame: an error reply, no frame counter
+                m.frames_rejected.labels(e.code).inc()
+                await self.send(reply.client_error(e))
+                return
+            s.received += 1  # anything else may have been a frame
+            m.frames_received.inc()
             await self.send(self._rejected(e))
             return
         if isinstance(parsed, FrameMessage):
             s.received += 1
             s.last_seen = time.time()
             m.frames_received.inc()
-            self._count_dropped(len(await self.admission.put(parsed)))
+            if not await self._charge_memory(parsed):
+                return  # answered with over_memory_budget
+            self._frames_dropped(await self.admission.put(parsed))
         elif isinstance(parsed, SettingsMessage):
             await self._apply_settings(parsed)
         elif isinstance(parsed, PingMessage):
-            await self.send(reply.pong(parsed.payload))
+            try:
+                text = reply.pong(parsed.payload)
+            except ClientError as e:  # a payload that cannot be echoed
+                m.frames_rejected.labels(e.code).inc()
+                text = reply.client_error(e)
+            await self.send(text)
+
+    async def _invalid_text(self) -> None:
+        """A text message that is not UTF-8 fails the connection with 1007 (RFC 6455
+        section 8.1). Counted as received and rejected: a message answered by a code."""
+        s, m = self.session, self.ctx.metrics
+        s.received += 1
+        s.rejected += 1
+        m.frames_received.inc()
+        m.frames_rejected.labels("invalid_utf8").inc()
+        log.info("session %s sent a text message that is not UTF-8; closing with 1007", s.id)
+        await self.close(
+            CloseCode.INVALID_PAYLOAD, "text message is not valid UTF-8", "invalid_utf8"
+        )
 
     def _count_dropped(self, n: int) -> None:
         if n:
@@ -300,10 +442,13 @@ class Connection:
             s.confidence = msg.confidence
         if msg.classes is not None or msg.clear_classes:
             s.classes = msg.classes
+        if msg.track is not None:
+            s.track = msg.track
         if msg.mode is not None and msg.mode != s.mode:
             s.mode = msg.mode
-            self._count_dropped(len(await self.admission.set_mode(msg.mode)))
+            self._frames_dropped(await self.admission.set_mode(msg.mode))
             async with self._capacity:
                 self._capacity.notify_all()
         self.ctx.keeper.touch(s)
-        await self.send(reply.settings(s.mode, s.confidence, s.classes))
+        track = s.track if self.protocol.at_least(2) else None
+        await self.send(reply.settings(s.mode, s.confidence, s.classes, track))

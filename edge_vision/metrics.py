@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import weakref
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .budget import KINDS, MemoryBudget
+from .decode import BufferPool
 from .jetson_metrics import register_jetson_collector
 
 STAGES = ("decode", "shape", "queue", "batch_wait", "infer", "post", "server")
@@ -74,10 +77,53 @@ class Metrics:
             registry=r,
         )
         self.connections = Gauge(p + "connections", "Open WebSocket connections", registry=r)
+        self.read_pauses = Counter(
+            p + "read_pauses",
+            "Times a connection's reading paused because it was over its message budget "
+            "(session.max_messages_per_s)",
+            registry=r,
+        )
+        self.read_paused_seconds = Counter(
+            p + "read_paused_seconds",
+            "Seconds connections spent not reading because they were over their message budget",
+            registry=r,
+        )
         self.connections_closed = Counter(
             p + "connections_closed",
             "Connections closed by the server, by reason",
             ["reason"],
+            registry=r,
+        )
+        self.connections_refused = Counter(
+            p + "connections_refused",
+            "WebSocket handshakes refused with 503 by a connection limit (docs/security.md)",
+            ["limit"],
+            registry=r,
+        )
+        # The memory budget (budget.py); gauges read the budget when scraped (watch_memory).
+        self.memory_budget = Gauge(
+            p + "memory_budget_bytes", "This process's memory budget for frames", registry=r
+        )
+        self.memory_held = Gauge(
+            p + "memory_held_bytes",
+            "Bytes held in the memory budget, by kind (frames, decode, pool)",
+            ["kind"],
+            registry=r,
+        )
+        self.memory_peak = Gauge(
+            p + "memory_peak_bytes", "Most bytes the memory budget ever held at once", registry=r
+        )
+        self.memory_waiting = Gauge(
+            p + "memory_waiting_bytes",
+            "Bytes of frames whose reader waits for room in the budget (not yet counted)",
+            registry=r,
+        )
+        self.memory_pool_idle = Gauge(
+            p + "memory_pool_idle_bytes", "Idle buffers kept by the decode pool", registry=r
+        )
+        self.memory_waits = Counter(
+            p + "memory_waits",
+            "Times an 'every' frame's reader paused for room in the memory budget",
             registry=r,
         )
         self.engine_degraded = Gauge(
@@ -97,6 +143,15 @@ class Metrics:
         )
         # Board figures, on a Jetson only (jetson_metrics.py); None elsewhere: no series.
         self.jetson = register_jetson_collector(r)
+
+    def watch_memory(self, budget: MemoryBudget, pool: BufferPool) -> None:
+        """Export ``budget`` and ``pool``: read at each scrape, nothing per frame."""
+        self.memory_budget.set(budget.limit)
+        for kind in KINDS:
+            self.memory_held.labels(kind).set_function(partial(budget.held_by, kind))
+        self.memory_peak.set_function(lambda: budget.peak)
+        self.memory_waiting.set_function(lambda: budget.waiting)
+        self.memory_pool_idle.set_function(lambda: pool.free_bytes)
 
     def observe_timing(self, timing: dict[str, float]) -> None:
         for stage, child in self._stage_children.items():

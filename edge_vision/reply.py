@@ -58,7 +58,13 @@ def hello(
     )
 
 
-def result(res: FrameResult, label: Callable[[int], str], dropped: int) -> str:
+def result(
+    res: FrameResult,
+    label: Callable[[int], str],
+    dropped: int,
+    tracks: Sequence[int] | None = None,
+) -> str:
+    """``tracks``: one track id per detection (track.py), sent as each one's ``track``."""
     dets = [
         {
             "box": [
@@ -73,6 +79,9 @@ def result(res: FrameResult, label: Callable[[int], str], dropped: int) -> str:
         }
         for x1, y1, x2, y2, score, cls in res.detections.tolist()
     ]
+    if tracks is not None:
+        for d, track in zip(dets, tracks, strict=True):
+            d["track"] = int(track)
     timing = {k: (int(v) if k == "batch_size" else round(v, 3)) for k, v in res.timing.items()}
     return _dumps(
         {
@@ -100,12 +109,28 @@ def client_error(err: ClientError) -> str:
     return error(err.code, err.message, fid)
 
 
-def settings(mode: str, confidence: float, classes: list[int] | None) -> str:
-    return _dumps({"type": "settings", "mode": mode, "confidence": confidence, "classes": classes})
+def settings(
+    mode: str, confidence: float, classes: list[int] | None, track: bool | None = None
+) -> str:
+    body: dict[str, Any] = {
+        "type": "settings",
+        "mode": mode,
+        "confidence": confidence,
+        "classes": classes,
+    }
+    if track is not None:  # since protocol 2
+        body["track"] = track
+    return _dumps(body)
 
 
 def pong(payload: Any) -> str:
-    return _dumps({"type": "pong", "payload": payload})
+    """The echo of a ``ping``. A payload the encoder cannot write back (orjson stops at
+    254 levels of nesting; the parser accepts 1024) is the client's error, ``bad_message``,
+    not the server's."""
+    try:
+        return _dumps({"type": "pong", "payload": payload})
+    except orjson.JSONEncodeError as e:
+        raise ClientError("bad_message", f"ping payload cannot be echoed: {e}") from None
 
 
 def closing(resume_token: str) -> str:

@@ -15,6 +15,7 @@ socket with 1001 and a resume hint, remove this node's keys from the state store
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -26,12 +27,21 @@ from typing import Any
 
 from aiohttp import WSCloseCode, web
 
-from . import reply
+from . import auth, reply
 from .aio import cancel_and_wait, with_timeout
+from .close_codes import CloseCode
 from .config import Config
 from .connection import Connection, ConnectionContext, ConnectionDone
-from .errors import EdgeVisionError, UnsupportedProtocol
+from .errors import ConfigError, EdgeVisionError, UnsupportedProtocol
 from .infer import InferenceService
+from .limits import (
+    ConnectionLimits,
+    IPNetwork,
+    LimitExceeded,
+    LimitsPolicy,
+    client_address,
+    parse_networks,
+)
 from .metrics import Metrics
 from .models import ModelSpec, load_model_spec
 from .pipeline import FramePipeline
@@ -39,6 +49,7 @@ from .receive import PROTOCOL_VERSION
 from .session import MAX_FORWARDED_FOR, Session, new_session
 from .state import StateKeeper, create_store
 from .versions import BASE_FEATURES, choose_protocol, refusal
+from .websocket import ECHO_PATH, echo_handler, websocket_response
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +66,15 @@ CONNECTION_CTX = web.AppKey("connection_ctx", ConnectionContext)
 #: Optional features this node has, announced in hello (docs/protocol.md, "Versions"): a
 #: feature turned on by config is appended in create_app.
 FEATURES = web.AppKey("features", list[str])
+AUTH = web.AppKey("auth", auth.Authenticator)
+LIMITS = web.AppKey("limits", ConnectionLimits)
+TRUSTED_PROXIES = web.AppKey("trusted_proxies", list[IPNetwork])
+
+# Subprotocols a WebSocket of ours offers to echo (credential entries never are: auth.py).
+WS_PROTOCOLS = (auth.SUBPROTOCOL,)
+#: Per-request: who ws_entry admitted, and a resume token sent as a subprotocol entry.
+PRINCIPAL = web.RequestKey("principal", auth.Principal)
+RESUME: web.RequestKey[str | None] = web.RequestKey("resume")
 
 REPO_WEB = Path(__file__).resolve().parent.parent / "web"
 
@@ -63,10 +83,43 @@ def _node_id(config: Config) -> str:
     return config.state.node_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _refused(err: auth.AuthError) -> web.HTTPException:
+    """401 (with a Bearer challenge, RFC 6750 section 3) or 403, body: the short reason."""
+    if err.status == 403:
+        return web.HTTPForbidden(text=f"forbidden: {err.reason}\n")
+    return web.HTTPUnauthorized(
+        text=f"unauthorized: {err.reason}\n",
+        headers={"WWW-Authenticate": 'Bearer realm="edge_vision"'},
+    )
+
+
+def _authenticate(request: web.Request, scope: auth.Scope) -> auth.Principal:
+    """Who is asking, with ``scope`` required; raises 401/403. With auth off everyone is
+    :data:`~edge_vision.auth.ANONYMOUS` (all scopes), except that a configured
+    ``server.admin_token`` still guards the admin scope."""
+    cfg = request.app[CONFIG]
+    shown = auth.presented(request.headers, request.query if cfg.auth.allow_query_token else {})
+    admin_token = cfg.server.admin_token
+    if (
+        admin_token
+        and shown.credential is not None
+        and hmac.compare_digest(shown.credential.encode(), admin_token.encode())
+    ):
+        return auth.Principal("admin_token", frozenset(auth.SCOPES), "api_key")
+    if not cfg.auth.enabled:
+        if scope == "admin" and admin_token:
+            raise _refused(auth.AuthError(401, "admin token required (Authorization: Bearer)"))
+        return auth.ANONYMOUS
+    try:
+        principal = request.app[AUTH].authenticate(shown.credential)
+        principal.require(scope)
+    except auth.AuthError as e:
+        raise _refused(e) from None
+    return principal
+
+
 def _require_admin(request: web.Request) -> None:
-    token = request.app[CONFIG].server.admin_token
-    if token and request.headers.get("Authorization", "") != f"Bearer {token}":
-        raise web.HTTPUnauthorized(text="admin token required (Authorization: Bearer ...)\n")
+    _authenticate(request, "admin")
 
 
 def _engine_json(service: InferenceService) -> dict[str, Any]:
@@ -111,6 +164,10 @@ async def readyz(request: web.Request) -> web.Response:
         "connections": len(app[CONNECTIONS]),
         "node": app[NODE]["id"],
     }
+    if app[LIMITS].full:  # a balancer should send new cameras elsewhere
+        body["ready"] = False
+        body["full"] = True
+        body["reason"] = "full: no connection slot left (server.max_connections)"
     if startup:
         body["error"] = startup
     if not workers_warm:
@@ -119,6 +176,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
+    _require_admin(request)
     app = request.app
     m = app[METRICS]
     m.connections.set(len(app[CONNECTIONS]))
@@ -151,6 +209,56 @@ async def index(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(request.app[STATE]["web_root"] / "index.html")  # 404 if absent
 
 
+async def ws_entry(request: web.Request) -> web.StreamResponse:
+    """``GET /ws`` admission, before anything else: origin, credential, fair share.
+
+    Each refusal is an HTTP status before the upgrade with a one-line body saying why, so
+    the overlay page (which asks again with a plain GET, see web/connection.js) and other
+    clients can tell "not authorised" from "full" (docs/protocol.md, "Refusals")."""
+    app = request.app
+    cfg = app[CONFIG]
+    # Cross-site WebSocket hijacking (RFC 6455 section 10.2): judged before credentials,
+    # so a foreign page learns nothing about them.
+    origin = request.headers.get("Origin")
+    if not auth.origin_allowed(origin, request.host, cfg.auth.allowed_origins):
+        raise web.HTTPForbidden(text="forbidden: origin not allowed (auth.allowed_origins)\n")
+    principal = _authenticate(request, "stream")
+    request[PRINCIPAL] = principal
+    request[RESUME] = auth.presented(request.headers, {}).resume_token
+    address = client_address(
+        request.remote or "", request.headers.get("X-Forwarded-For", ""), app[TRUSTED_PROXIES]
+    )
+    slot = app[LIMITS].acquire(address, principal.limit_key if cfg.auth.enabled else None)
+    if isinstance(slot, LimitExceeded):
+        app[METRICS].connections_refused.labels(slot.limit).inc()
+        raise web.HTTPServiceUnavailable(text=slot.message + "\n", headers={"Retry-After": "5"})
+    try:
+        return await ws_handler(request)
+    finally:
+        slot.release()
+
+
+def _close_when_expired(
+    conn: Connection, principal: auth.Principal | None
+) -> asyncio.TimerHandle | None:
+    """Close with 4001 when the credential this connection came in with expires."""
+    if principal is None or principal.expires_at is None:
+        return None
+
+    def expire() -> None:
+        task = asyncio.create_task(
+            conn.close(CloseCode.TOKEN_EXPIRED, "token expired", "token_expired")
+        )
+        _BACKGROUND.add(task)  # keep a reference until it is done
+        task.add_done_callback(_BACKGROUND.discard)
+
+    delay = max(0.0, principal.expires_at - time.time())
+    return asyncio.get_running_loop().call_later(delay, expire)
+
+
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
 async def ws_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
     cfg, service, keeper = app[CONFIG], app[SERVICE], app[KEEPER]
@@ -166,15 +274,20 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
         raise web.HTTPServiceUnavailable(
             text="engine is warming up; retry shortly\n", headers={"Retry-After": "1"}
         )
-    if len(app[CONNECTIONS]) >= cfg.server.max_connections:
-        raise web.HTTPServiceUnavailable(text="connection limit reached\n")
 
     mode_q = request.query.get("mode")
     if mode_q not in (None, "latest", "every"):
         raise web.HTTPBadRequest(text="mode must be 'latest' or 'every'\n")
+    # The same settings as the test-only echo route Autobahn checks (websocket.py).
+    ws = websocket_response(cfg.server, WS_PROTOCOLS)
+    if not ws.can_prepare(request).ok:
+        # A plain GET that passed every check (the page asking why its socket failed).
+        raise web.HTTPUpgradeRequired(text="no refusal: every check passed; upgrade failed\n")
     session: Session | None = None
     resumed = False
-    token = request.query.get("resume")
+    # Since protocol 2 a subprotocol entry (out of URLs and access logs); ?resume= is
+    # protocol 1's, still served, deprecated.
+    token = request.get(RESUME) or request.query.get("resume")
     # Reported by the proxy in front (deploy/nginx); shown to admins, trusted for nothing.
     forwarded_for = request.headers.get("X-Forwarded-For", "")
     if token:
@@ -183,7 +296,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
         resumed = session is not None
         if session is not None and session.id in app[CONNECTIONS]:
             old = app[CONNECTIONS].pop(session.id)
-            await old.close(WSCloseCode.POLICY_VIOLATION, "session resumed elsewhere", "superseded")
+            await old.close(CloseCode.SUPERSEDED, "session resumed elsewhere", "superseded")
     if session is None:
         session = new_session(
             app[NODE]["id"],
@@ -199,17 +312,15 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
     if mode_q in ("latest", "every"):
         session.mode = mode_q  # type: ignore[assignment]
 
-    ws = web.WebSocketResponse(
-        max_msg_size=cfg.server.max_message_bytes,
-        compress=False,  # JPEG does not deflate; results are small
-        autoping=True,
-        timeout=2.0,
-        decode_text=False,
-    )
-    await ws.prepare(request)
+    try:
+        await ws.prepare(request)
+    except ConnectionError:  # the client reset the connection during the upgrade
+        log.info("client %s went away during the WebSocket handshake", request.remote)
+        return ws
     keeper.open_session(session)
     conn = Connection(ws, session, app[CONNECTION_CTX], protocol)
     app[CONNECTIONS][session.id] = conn
+    expiry = _close_when_expired(conn, request.get(PRINCIPAL))
     spec = service.spec
     features: list[str] = app[FEATURES]
     try:
@@ -241,9 +352,12 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
         )
         await conn.serve()
     except Exception as e:
-        if not isinstance(e, ConnectionError | asyncio.CancelledError):
+        # A client gone while we wrote (ConnectionDone: its hello, say) is no failure.
+        if not isinstance(e, ConnectionError | ConnectionDone | asyncio.CancelledError):
             log.exception("connection %s failed", session.id)
     finally:
+        if expiry is not None:
+            expiry.cancel()
         if app[CONNECTIONS].get(session.id) is conn:
             del app[CONNECTIONS][session.id]
         if conn.closed_by_server != "superseded":
@@ -300,6 +414,19 @@ async def _on_shutdown(app: web.Application) -> None:
         )
 
 
+def _authenticator(config: Config) -> auth.Authenticator:
+    """The configured keys and token secret; with auth on and no way to pass, stop."""
+    a = config.auth
+    keys = [auth.ApiKey(k.name, bytes.fromhex(k.sha256), frozenset(k.scopes)) for k in a.api_keys]
+    secret = auth.read_token_secret(a.token_secret_file, a.token_secret_env, os.environ)
+    if a.enabled and not keys and secret is None and not config.server.admin_token:
+        raise ConfigError(
+            "auth.enabled is true but no credential could ever pass: configure auth.api_keys, "
+            f"auth.token_secret_file or the {a.token_secret_env} environment variable"
+        )
+    return auth.Authenticator(keys, secret)
+
+
 def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application:
     """Build the application; the engine starts when the app starts."""
     logging.getLogger("edge_vision").setLevel(config.logging.level.upper())
@@ -307,6 +434,7 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     metrics = Metrics()
     service = InferenceService(spec, config, metrics=metrics)
     pipeline = FramePipeline(config, service)
+    metrics.watch_memory(pipeline.budget, pipeline.pool)
     node_id = _node_id(config)
     app = web.Application(client_max_size=1024**2)
     app[CONFIG] = config
@@ -338,11 +466,11 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     closing: set[asyncio.Task[None]] = set()
 
     def superseded(session_id: str) -> None:
-        """A newer connection resumed this session on another node: close ours (1008)."""
+        """A newer connection resumed this session on another node: close ours (4000)."""
         conn = app[CONNECTIONS].pop(session_id, None)
         if conn is not None:
             task = asyncio.create_task(
-                conn.close(WSCloseCode.POLICY_VIOLATION, "session resumed elsewhere", "superseded")
+                conn.close(CloseCode.SUPERSEDED, "session resumed elsewhere", "superseded")
             )
             closing.add(task)  # keep a reference until it is done
             task.add_done_callback(closing.discard)
@@ -357,9 +485,23 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     )
     app[KEEPER] = keeper
     app[CONNECTION_CTX] = ConnectionContext(config, pipeline, metrics, keeper, spec.label)
+    app[AUTH] = _authenticator(config)
+    if config.auth.enabled:
+        app[FEATURES].append("auth")
+    # With server.workers = N each worker holds its share (docs/security.md).
+    app[LIMITS] = ConnectionLimits(
+        LimitsPolicy(
+            config.server.max_connections,
+            config.limits.max_connections_per_address,
+            config.limits.max_connections_per_token,
+        ).for_workers(config.server.workers)
+    )
+    app[TRUSTED_PROXIES] = parse_networks(config.limits.trusted_proxies)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_on_shutdown)
-    app.router.add_get("/ws", ws_handler)
+    app.router.add_get("/ws", ws_entry)
+    if config.server.test_echo_route:  # tests only (Autobahn|Testsuite), never production
+        app.router.add_get(ECHO_PATH, echo_handler(config.server, WS_PROTOCOLS))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
