@@ -151,7 +151,8 @@ def websocket_response(server: ServerConfig, protocols: Iterable[str] = ()) -> S
     return ServerWebSocket(
         protocols=tuple(protocols),
         linger_s=server.close_linger_s,
-        max_msg_size=server.max_message_bytes,
+        # aiohttp refuses a message of max_msg_size bytes; ours is the largest accepted.
+        max_msg_size=server.max_message_bytes + 1,
         compress=False,  # JPEG does not deflate; results are small
         autoping=True,
         autoclose=False,  # we answer close frames ourselves (reply_close_code)
