@@ -57,6 +57,16 @@ class _Job:
     submitted: float = field(default_factory=time.perf_counter)
 
 
+def frames_for(engine: Engine, jobs: Sequence[_Job]) -> list[Any]:
+    """The jobs' frames as ``engine`` takes them: canvases the GPU decoder left on the
+    device are copied to the host for an engine that cannot read them (ONNX Runtime
+    after a degrade, frames decoded before the switch)."""
+    frames: list[Any] = [j.frame for j in jobs]
+    if engine.accepts_device_frames:
+        return frames
+    return [f if isinstance(f, np.ndarray) else f.cpu().numpy() for f in frames]
+
+
 @dataclass
 class EngineStatus:
     configured: str
@@ -293,7 +303,7 @@ class InferenceService:
         t0 = time.perf_counter()
         outputs: list[np.ndarray] | None
         try:
-            outputs = await engine.infer([j.frame for j in jobs])
+            outputs = await engine.infer(frames_for(engine, jobs))
         except EngineError as e:
             outputs = await self._degrade_and_rerun(engine, e, jobs)
             if outputs is None:
@@ -340,7 +350,7 @@ class InferenceService:
         if self.engine is None:
             return None
         try:
-            return await self.engine.infer([j.frame for j in jobs])
+            return await self.engine.infer(frames_for(self.engine, jobs))
         except EngineError as e:
             log.error("fallback engine failed: %s", e)
             return None

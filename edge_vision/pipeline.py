@@ -29,6 +29,9 @@ from .decode import (
     pick_decoder,
     read_image_header,
 )
+from .decode_batch import DecodeBatcher, DecodeRequest, HostBatchDecoder, make_device_decoder
+from .decode_batch import Prepared as _Prepared
+from .engines import Engine
 from .errors import ClientError
 from .infer import BatchInfo, InferenceService
 from .post import Head, filter_classes, make_head
@@ -58,14 +61,6 @@ class FrameResult:
     timing: dict[str, float]  # milliseconds per stage, plus batch size
 
 
-@dataclass(slots=True)
-class _Prepared:
-    canvas: U8Array
-    letterbox: Letterbox
-    decode_s: float
-    shape_s: float
-
-
 def worker_count(configured: int) -> int:
     return configured or max(1, os.cpu_count() or 1)
 
@@ -89,11 +84,34 @@ class FramePipeline:
             worker_count(config.decode.workers), thread_name_prefix="frame"
         )
         self._head: Head | None = None
+        # Host decode is one worker job a frame; with decode.device cuda and a CUDA engine
+        # active, JPEGs are decoded in batches on the GPU (edge_vision.decode_batch).
+        d = config.decode
+        self.host_decoder = HostBatchDecoder(self.decode_request, service.spec.pad_value)
+        self.decoding = DecodeBatcher(
+            self.host_decoder,
+            None,
+            self.executor,
+            max_batch=d.device_batch,
+            in_flight=d.device_streams,
+        )
+        service.on_engine_change(self._engine_changed)
+
+    def _engine_changed(self, engine: Engine) -> None:
         # Frames land in pinned memory while a CUDA engine is active, so its H2D copies
         # are truly asynchronous; plain numpy memory otherwise.
-        service.on_engine_change(
-            lambda engine: self.pool.set_allocator(engine.host_allocator() or numpy_allocator)
-        )
+        allocator = engine.host_allocator() or numpy_allocator
+        self.pool.set_allocator(allocator)
+        device = self.decoding.device
+        if device is None and engine.accepts_device_frames:
+            self.decoding.device = device = make_device_decoder(
+                self.config.decode.device,
+                self.host_decoder,
+                streams=self.config.decode.device_streams,
+                staging=allocator,
+            )
+        if device is not None:
+            device.set_staging_allocator(allocator)
 
     @property
     def head(self) -> Head:
@@ -117,14 +135,23 @@ class FramePipeline:
     # -- stages run in the worker pool ------------------------------------------------
 
     def prepare(self, frame: FrameMessage) -> _Prepared:
-        """Decode and letterbox one frame (worker thread)."""
+        """Decode and letterbox one frame on the host (worker thread)."""
+        return self.decode_request(self.request_for(frame))
+
+    def request_for(self, frame: FrameMessage) -> DecodeRequest:
+        """The header read and the pixel limit checked, on the host, before any decode."""
         t0 = time.perf_counter()
         data = decode_base64(frame.image) if frame.image_is_base64 else frame.image
-        spec = self.service.spec
         header = read_image_header(data)
         check_pixel_limit(header, self.config.server.max_pixels)
         # One plan per frame: it sets both the DCT-downscale floor and the letterbox.
-        lb = plan_for_frame(header.width, header.height, spec.limits)
+        lb = plan_for_frame(header.width, header.height, self.service.spec.limits)
+        return DecodeRequest(data, header, lb, t0)
+
+    def decode_request(self, request: DecodeRequest) -> _Prepared:
+        """The host decode and letterbox of one frame (worker thread)."""
+        data, header, lb, t0 = request.data, request.header, request.letterbox, request.started
+        spec = self.service.spec
         min_size = (lb.new_w, lb.new_h) if self.config.decode.dct_downscale else None
         try:
             decoded = self.decoder.decode(data, header, min_size, self.pool)
@@ -162,14 +189,21 @@ class FramePipeline:
         loop = asyncio.get_running_loop()
         taken_at = time.perf_counter() if taken_at is None else taken_at
         try:
-            prep = await loop.run_in_executor(self.executor, self.prepare, frame)
+            if frame.image_is_base64:  # base64 of a large frame is worth a worker
+                request = await loop.run_in_executor(self.executor, self.request_for, frame)
+            else:
+                request = self.request_for(frame)
+            engine = self.service.engine
+            on_device = engine is not None and engine.accepts_device_frames
+            prep = await self.decoding.decode(request, device=on_device)
         finally:
             if on_prepared is not None:
                 on_prepared()
         try:
             outputs, batch = await self.service.infer(prep.canvas, supersede_key)
         finally:
-            self.pool.release(prep.canvas)
+            if not prep.on_device:  # a device canvas is freed when its last user drops it
+                self.pool.release(prep.canvas)
         t_post = time.perf_counter()
         dets = await loop.run_in_executor(
             self.executor, self.postprocess, outputs, prep.letterbox, settings

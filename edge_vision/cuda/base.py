@@ -136,6 +136,11 @@ class CudaRuntime(ABC):
     def copy_dtoh_async(self, dst: np.ndarray, src: int, stream: CudaStream) -> None:
         """Copy ``dst.nbytes`` from device pointer ``src`` into contiguous host ``dst``."""
 
+    def copy_dtod_async(self, dst: int, src: int, nbytes: int, stream: CudaStream) -> None:
+        """Copy ``nbytes`` between device pointers (frames another library decoded on the
+        device, e.g. nvJPEG through torchvision, into an engine's input)."""
+        raise EngineError(f"the {self.name} CUDA binding cannot copy device to device")
+
     @abstractmethod
     def record(self, event: CudaEvent, stream: CudaStream) -> None: ...
 

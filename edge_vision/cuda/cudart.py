@@ -151,6 +151,14 @@ class CudaPythonRuntime(CudaRuntime):
             ),
         )
 
+    def copy_dtod_async(self, dst: int, src: int, nbytes: int, stream: CudaStream) -> None:
+        cuda_call(
+            "cudaMemcpyAsync(DeviceToDevice)",
+            cudart.cudaMemcpyAsync(
+                dst, src, nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice, _raw(stream)
+            ),
+        )
+
     def record(self, event: CudaEvent, stream: CudaStream) -> None:
         cuda_call("cudaEventRecord", cudart.cudaEventRecord(_raw(event), _raw(stream)))
 

@@ -141,6 +141,10 @@ class PyCudaRuntime(CudaRuntime):
         with self._current():
             _checked("cuMemcpyDtoHAsync", drv.memcpy_dtoh_async, dst, src, _raw(stream))
 
+    def copy_dtod_async(self, dst: int, src: int, nbytes: int, stream: CudaStream) -> None:
+        with self._current():
+            _checked("cuMemcpyDtoDAsync", drv.memcpy_dtod_async, dst, src, nbytes, _raw(stream))
+
     def record(self, event: CudaEvent, stream: CudaStream) -> None:
         with self._current():
             _checked("cuEventRecord", _raw(event).record, _raw(stream))

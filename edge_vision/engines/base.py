@@ -69,13 +69,20 @@ class Engine(ABC):
         """Allocator for host frame buffers (pinned memory on CUDA engines), or None."""
         return None
 
+    @property
+    def accepts_device_frames(self) -> bool:
+        """True when :meth:`infer` also takes frames already on the GPU (torch CUDA
+        tensors from the device decoder, :mod:`edge_vision.decode_batch`)."""
+        return False
+
     @abstractmethod
     async def start(self) -> None:
         """Load (and if needed build) the engine. Raises EngineError."""
 
     @abstractmethod
     async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
-        """Run one batch of same-shape HxWx3 uint8 BGR frames; outputs are batch-first."""
+        """Run one batch of same-shape HxWx3 uint8 BGR frames; outputs are batch-first.
+        Engines that :attr:`accepts_device_frames` also take CUDA tensors among them."""
 
     @abstractmethod
     async def close(self) -> None:

@@ -6,8 +6,10 @@ event (from the CUDA layer, :mod:`edge_vision.cuda`) plus the backend's buffers.
 takes a free slot for its whole trip::
 
     letterboxed uint8 frames in pinned memory (the decode pool's allocator is the CUDA
-    layer's pinned allocator while the engine is active)
-    --H2D per frame (slot stream)--> the backend's run (graph replay, execute_async_v3)
+    layer's pinned allocator while the engine is active), or already on the device
+    (canvases of the GPU decoder, :mod:`edge_vision.decode_batch`)
+    --H2D (or D2D) per frame (slot stream)--> the backend's run (graph replay,
+    execute_async_v3)
     --D2H (slot stream)--> pinned outputs --event--> awaited without blocking the loop
     --> outputs copied out of the slot's pinned memory in a collector thread
 
@@ -22,6 +24,7 @@ another slot's stream. :class:`GpuEngine` does all of that; a backend implements
 from __future__ import annotations
 
 import asyncio
+import importlib
 from abc import abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -70,6 +73,11 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
         self._slot_pool: SlotPool[SlotT] = SlotPool(self._all_slots)
         self._launcher: ThreadPoolExecutor | None = None
         self._collector: ThreadPoolExecutor | None = None
+        self._torch_streams: dict[int, Any] = {}  # slot index -> torch view of its stream
+
+    @property
+    def accepts_device_frames(self) -> bool:
+        return self.runtime is not None
 
     def host_allocator(self) -> Allocator | None:
         return self.runtime.pinned_allocator if self.runtime is not None else None
@@ -99,12 +107,32 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
 
     # -- one batch ------------------------------------------------------------------
 
-    def _upload_frames(self, base: int, frames: Sequence[U8Array], stream: CudaStream) -> None:
-        """H2D of each frame to consecutive rows at device address ``base`` (one copy per
-        frame: they sit in separate pinned buffers of the decode pool)."""
+    def _torch_stream(self, slot: SlotT) -> Any:
+        """The slot's stream as torch sees it (for ``Tensor.record_stream``)."""
+        found = self._torch_streams.get(slot.index)
+        if found is None:
+            torch: Any = importlib.import_module("torch")
+            found = torch.cuda.ExternalStream(slot.stream.handle)
+            self._torch_streams[slot.index] = found
+        return found
+
+    def _upload_frames(self, base: int, frames: Sequence[Any], slot: SlotT) -> None:
+        """Copy each frame to consecutive rows at device address ``base``, one copy per
+        frame: H2D from the decode pool's pinned buffers, or D2D from device canvases.
+
+        A device canvas is complete when it arrives (the decoder waited for its stream),
+        so no cross-stream wait is needed before the copy. ``record_stream`` then tells
+        torch's caching allocator that this slot's stream uses the canvas: its memory is
+        not handed to another decode until the copy queued here has run, even when the
+        frame's caller drops it early (a client gone mid-batch)."""
         rt = self._rt()
         for i, frame in enumerate(frames):
-            rt.copy_htod_async(base + i * frame.nbytes, np.ascontiguousarray(frame), stream)
+            dst = base + i * frame.nbytes
+            if isinstance(frame, np.ndarray):
+                rt.copy_htod_async(dst, np.ascontiguousarray(frame), slot.stream)
+            else:
+                rt.copy_dtod_async(dst, frame.data_ptr(), frame.nbytes, slot.stream)
+                frame.record_stream(self._torch_stream(slot))
 
     @abstractmethod
     def _launch(self, slot: SlotT, frames: Sequence[U8Array]) -> LayoutT:
@@ -147,6 +175,7 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
                 await asyncio.to_thread(pool.shutdown, True)
                 setattr(self, name, None)
         self._release_backend()
+        self._torch_streams.clear()
         for slot in self._all_slots:
             slot.close()
         self._all_slots.clear()

@@ -92,6 +92,13 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
     def cuda(self) -> bool:
         return self._device is not None and self._device.type == "cuda"
 
+    @property
+    def accepts_device_frames(self) -> bool:
+        return self.cuda and self.runtime is not None
+
+    def _torch_stream(self, slot: _Slot) -> Any:
+        return slot.torch_stream
+
     # -- start ----------------------------------------------------------------------
 
     def _start_sync(self) -> None:
@@ -227,7 +234,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
                 slot.pinned_out.close()
             slot.pinned_out = rt.alloc_pinned(out_bytes)
         # Rows past len(frames) are padding, never read.
-        self._upload_frames(g.static_in.data_ptr(), frames, slot.stream)
+        self._upload_frames(g.static_in.data_ptr(), frames, slot)
         with torch.cuda.stream(slot.torch_stream):
             if g.graph is not None:
                 g.graph.replay()

@@ -215,7 +215,7 @@ class TensorRTEngine(GpuEngine[_Slot, _Layout]):
             if any(d < 0 for d in out_shape):
                 raise EngineError(f"output {out.name!r} shape {out_shape} is not known")
             layout.append((out, out_shape))
-        self._upload_frames(slot.input.ptr, frames, slot.stream)
+        self._upload_frames(slot.input.ptr, frames, slot)
         if not ctx.execute_async_v3(slot.stream.handle):
             raise EngineError(f"execute_async_v3 failed on a batch of {n} at {w}x{h}")
         for out, out_shape in layout:

@@ -1,0 +1,478 @@
+"""Batched decode: encoded frames → letterboxed engine-input canvases, on the host or the GPU.
+
+One interface, :meth:`BatchDecoder.decode_batch`: a list of :class:`DecodeRequest`
+(bytes whose header was already read and whose pixel limit was already checked on the
+host, plus the frame's :class:`~edge_vision.shape.Letterbox`) → for each frame either a
+:class:`Prepared` canvas or the :class:`~edge_vision.errors.ClientError` that frame earned.
+One bad frame never fails the others.
+
+* :class:`HostBatchDecoder`: frame by frame through the pipeline's one host path
+  (:meth:`edge_vision.pipeline.FramePipeline.decode_request`: decode.py's decoder —
+  libjpeg-turbo through simplejpeg, with DCT-domain downscaling — and
+  :func:`~edge_vision.shape.letterbox_into` into :class:`~edge_vision.decode.BufferPool`
+  canvases, under the memory budget). It serves the service without a GPU, CI, and every
+  frame the device decoder does not take.
+* :class:`CudaBatchDecoder`: nvJPEG through ``torchvision.io.decode_jpeg(device="cuda")``
+  on a list of frames, then letterbox (area resize when shrinking, bilinear when
+  enlarging, as :func:`~edge_vision.shape.letterbox_into` picks) on the device into
+  uint8 BGR canvases that the CUDA engines copy device-to-device into their input batch;
+  normalisation runs inside the engine as before.
+
+Routing (:func:`device_decodable`): baseline or extended-sequential 8-bit JPEGs with one
+(grey) or three (YCbCr) components go to the device; PNG, progressive, 12-bit, CMYK/YCCK
+and Adobe-RGB JPEGs go the host way frame by frame. A batched nvJPEG call that fails as a
+whole is retried frame by frame; a frame nvJPEG still refuses is decoded on the host,
+which raises ``bad_image`` for a corrupt one, so only that frame fails.
+
+:class:`DecodeBatcher` feeds either from the event loop: frames for the device are
+batched (everything waiting when a device stream frees up, at most ``decode.device_batch``
+frames), frames for the host are decoded one per worker-pool job, as before.
+
+Compressed bytes are staged in a pool of their own (``staging``: pinned host memory from
+the CUDA layer when a CUDA engine is active) before nvJPEG reads them.
+
+Stream ordering: nvJPEG and the letterbox run on the decoder's own CUDA stream, and
+:meth:`CudaBatchDecoder.decode_batch` returns only once that stream has finished (the wait
+blocks the worker thread, not the event loop). A canvas is therefore complete before an
+engine stream reads it, and its memory goes back to torch's caching allocator only when
+the pipeline drops it, after the engine's batch event has completed; no decode can write
+into memory an engine stream still has queued work on. tests/gpu/test_decode_gpu.py
+checks that under concurrent load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import queue
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from .decode import Allocator, BufferPool, ImageHeader, numpy_allocator
+from .errors import ClientError, ConfigError
+from .shape import Letterbox
+
+log = logging.getLogger(__name__)
+
+U8Array = npt.NDArray[np.uint8]
+
+
+@dataclass(slots=True)
+class DecodeRequest:
+    """One frame to decode: header read and pixel limit checked on the host already."""
+
+    data: bytes
+    header: ImageHeader
+    letterbox: Letterbox
+    started: float = field(default_factory=time.perf_counter)  # decode_ms counts from here
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A letterboxed ``out_h × out_w × 3`` uint8 BGR canvas: a pooled host array, or a
+    device tensor (``on_device``) that stays alive until the engine has read it."""
+
+    canvas: Any  # U8Array from the BufferPool, or a torch CUDA tensor
+    letterbox: Letterbox
+    decode_s: float
+    shape_s: float
+    on_device: bool = False
+
+
+Outcome = Prepared | ClientError
+
+
+class BatchDecoder(Protocol):
+    """A device decoder behind :class:`DecodeBatcher` (:class:`CudaBatchDecoder`)."""
+
+    name: str
+
+    def takes(self, request: DecodeRequest) -> bool:
+        """True when this decoder wants the frame in a batch; False: the host path."""
+        ...
+
+    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[Outcome]:
+        """Each request's canvas or its ClientError, in order (worker thread)."""
+        ...
+
+    def set_staging_allocator(self, allocator: Allocator) -> None:
+        """Back the compressed-bytes pool with ``allocator`` (pinned with a CUDA engine)."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------
+# Routing
+
+# SOF0 baseline and SOF1 extended sequential (Huffman): what nvJPEG decodes on the GPU.
+_DEVICE_SOF = frozenset((0xC0, 0xC1))
+_ANY_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+@dataclass(frozen=True, slots=True)
+class JpegKind:
+    sof: int  # the SOF marker (0xC0 baseline, 0xC2 progressive, ...)
+    precision: int  # bits per sample
+    components: int
+    adobe_transform: int | None  # APP14 "Adobe" colour transform, when present
+
+    @property
+    def device_ok(self) -> bool:
+        if self.sof not in _DEVICE_SOF or self.precision != 8:
+            return False
+        if self.components == 1:
+            return True
+        # Three components are YCbCr unless an Adobe marker says RGB (transform 0).
+        return self.components == 3 and self.adobe_transform != 0
+
+
+def jpeg_kind(data: bytes) -> JpegKind | None:
+    """SOF type, precision, components and the Adobe transform, from the markers before
+    the first scan; None when they cannot be read (the host decoder then says why)."""
+    i, n = 2, len(data)
+    adobe: int | None = None
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:
+            i += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):
+            i += 2
+            continue
+        (length,) = struct.unpack_from(">H", data, i + 2)
+        if length < 2:
+            return None
+        if marker == 0xEE and length >= 14 and data[i + 4 : i + 9] == b"Adobe":
+            adobe = data[i + 15] if i + 15 < n else None
+        elif marker in _ANY_SOF:
+            if i + 10 > n:
+                return None
+            return JpegKind(marker, data[i + 4], data[i + 9], adobe)
+        elif marker == 0xDA:
+            return None
+        i += 2 + length
+    return None
+
+
+def device_decodable(request: DecodeRequest) -> bool:
+    """True when the GPU decoder takes this frame (see the module docstring)."""
+    if request.header.format != "jpeg":
+        return False
+    kind = jpeg_kind(request.data)
+    return kind is not None and kind.device_ok
+
+
+# ---------------------------------------------------------------------------------------
+# Host
+
+
+class HostBatchDecoder:
+    """Frame by frame through ``prepare_one`` (the pipeline's host decode + letterbox)."""
+
+    name = "host"
+
+    def __init__(self, prepare_one: Callable[[DecodeRequest], Prepared], pad_value: int) -> None:
+        self.decode_one = prepare_one
+        self.pad_value = pad_value
+
+    def takes(self, request: DecodeRequest) -> bool:
+        return False  # every frame is its own worker job, as without batching
+
+    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[Outcome]:
+        out: list[Outcome] = []
+        for r in requests:
+            try:
+                out.append(self.decode_one(r))
+            except ClientError as e:
+                out.append(e)
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# GPU
+
+
+def import_cuda_decode() -> tuple[Any, Any]:
+    """``(torch, torchvision.io)`` with CUDA, or a ConfigError saying what is missing."""
+    try:
+        torch = importlib.import_module("torch")
+        tvio = importlib.import_module("torchvision.io")
+    except ImportError as e:
+        raise ConfigError(
+            f"decode.device cuda needs torch and torchvision with CUDA (nvJPEG): {e}"
+        ) from e
+    if not torch.cuda.is_available():
+        raise ConfigError("decode.device cuda: CUDA is not available to torch")
+    return torch, tvio
+
+
+class _NoStream:
+    """Stands in for a CUDA stream when the decoder runs on torch's CPU device (the
+    CPU tests of this module's control flow)."""
+
+    def synchronize(self) -> None:
+        pass
+
+
+class CudaBatchDecoder:
+    """nvJPEG (torchvision) + device letterbox; frames it cannot take go to ``host``.
+
+    ``streams``: how many batches may decode at once (one CUDA stream each).
+    ``staging``: allocator for the compressed-bytes pool (the CUDA layer's pinned one).
+    """
+
+    name = "cuda"
+
+    def __init__(
+        self,
+        host: HostBatchDecoder,
+        *,
+        device: str = "cuda:0",
+        streams: int = 2,
+        staging: Allocator = numpy_allocator,
+    ) -> None:
+        if device.startswith("cuda"):
+            self._torch, self._tvio = import_cuda_decode()
+        else:  # torch's CPU device: only this module's tests, with their own _nvjpeg
+            self._torch, self._tvio = importlib.import_module("torch"), None
+        torch = self._torch
+        self.host = host
+        self.device = torch.device(device)
+        self.staging = BufferPool(staging)
+        self._streams: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for _ in range(max(1, streams)):
+            cuda = self.device.type == "cuda"
+            self._streams.put(torch.cuda.Stream(self.device) if cuda else _NoStream())
+        self._lock = threading.Lock()
+        self.device_frames = 0  # frames nvJPEG decoded (tests and logs read these)
+        self.host_frames = 0
+        self.batch_failures = 0  # batched calls that failed whole and were retried
+
+    def set_staging_allocator(self, allocator: Allocator) -> None:
+        self.staging.set_allocator(allocator)
+
+    def takes(self, request: DecodeRequest) -> bool:
+        return device_decodable(request)
+
+    # -- nvJPEG ---------------------------------------------------------------------
+
+    def _on(self, stream: Any) -> Any:
+        """Make ``stream`` torch's current stream (a no-op on the CPU device)."""
+        if isinstance(stream, _NoStream):
+            return contextlib.nullcontext()
+        return self._torch.cuda.stream(stream)
+
+    def _nvjpeg(self, datas: list[Any]) -> list[Any]:
+        """torchvision's batched nvJPEG decode of CPU uint8 tensors (RGB out)."""
+        tvio = self._tvio
+        return list(tvio.decode_jpeg(datas, mode=tvio.ImageReadMode.RGB, device=self.device))
+
+    def decode_pixels(self, requests: Sequence[DecodeRequest], stream: Any) -> list[Any]:
+        """nvJPEG on the device: each frame's ``3 × H × W`` RGB tensor, or the exception
+        nvJPEG raised for it (a batch failing whole is retried frame by frame)."""
+        torch = self._torch
+        staged: list[U8Array] = []
+        try:
+            datas = []
+            for r in requests:
+                buf = self.staging.acquire((len(r.data),))
+                buf[:] = np.frombuffer(r.data, np.uint8)
+                staged.append(buf)
+                datas.append(torch.from_numpy(buf))
+            # torchvision allocates nvJPEG's outputs on this stream but may decode on a
+            # stream of its own without waiting for this one: nothing may still be queued
+            # here that reads memory the allocator could hand to those outputs.
+            stream.synchronize()
+            with self._on(stream):
+                try:
+                    return self._nvjpeg(datas)
+                except RuntimeError:
+                    with self._lock:
+                        self.batch_failures += 1
+                results: list[Any] = []
+                for d in datas:
+                    try:
+                        results.extend(self._nvjpeg([d]))
+                    except RuntimeError as e:
+                        results.append(e)
+                return results
+        finally:
+            # nvJPEG has read the bytes once decode_jpeg returns (it parses them on the
+            # host and copies what the device needs before returning).
+            for buf in staged:
+                self.staging.release(buf)
+
+    def letterbox(self, images: Sequence[Any], plans: Sequence[Letterbox], pad: int) -> list[Any]:
+        """Device letterbox of ``3 × h × w`` RGB uint8 tensors into ``out_h × out_w × 3``
+        BGR uint8 canvases: area resize when shrinking, bilinear when enlarging. Frames
+        of one size and plan are resized as one batch."""
+        torch = self._torch
+        f = torch.nn.functional
+        canvases: list[Any] = [None] * len(images)
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, (img, lb) in enumerate(zip(images, plans, strict=True)):
+            groups.setdefault((tuple(img.shape), lb), []).append(i)
+        for (shape, lb), idx in groups.items():
+            _, h, w = shape
+            x = torch.stack([images[i] for i in idx])
+            if (h, w) != (lb.new_h, lb.new_w):
+                mode = "area" if w > lb.new_w else "bilinear"
+                kw = {"align_corners": False} if mode == "bilinear" else {}
+                x = f.interpolate(x.float(), size=(lb.new_h, lb.new_w), mode=mode, **kw)
+                x = x.round_().clamp_(0, 255).to(torch.uint8)
+            out = torch.full(
+                (len(idx), lb.out_h, lb.out_w, 3), pad, dtype=torch.uint8, device=self.device
+            )
+            region = out[:, lb.pad_y : lb.pad_y + lb.new_h, lb.pad_x : lb.pad_x + lb.new_w]
+            region.copy_(x.flip(1).permute(0, 2, 3, 1))  # RGB CHW -> BGR HWC
+            for j, i in enumerate(idx):
+                canvases[i] = out[j]
+        return canvases
+
+    # -- the interface --------------------------------------------------------------
+
+    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[Outcome]:
+        out: list[Outcome | None] = [None] * len(requests)
+        to_device = [i for i, r in enumerate(requests) if device_decodable(r)]
+        to_host = [i for i in range(len(requests)) if i not in set(to_device)]
+        if to_device:
+            stream = self._streams.get()
+            try:
+                t0 = time.perf_counter()
+                pixels = self.decode_pixels([requests[i] for i in to_device], stream)
+                ok, refused = [], []
+                for i, p in zip(to_device, pixels, strict=True):
+                    (refused.append(i) if isinstance(p, Exception) else ok.append((i, p)))
+                if refused:
+                    log.debug("nvJPEG refused %d frame(s); decoding them on the host", len(refused))
+                to_host += refused
+                t1 = time.perf_counter()
+                plans = [requests[i].letterbox for i, _ in ok]
+                with self._on(stream):
+                    canvases = self.letterbox([p for _, p in ok], plans, self.host.pad_value)
+                stream.synchronize()  # canvases complete before any engine stream reads them
+                t2 = time.perf_counter()
+            finally:
+                self._streams.put(stream)
+            for (i, _), canvas in zip(ok, canvases, strict=True):
+                decode_s = t1 - min(t0, requests[i].started)
+                out[i] = Prepared(canvas, requests[i].letterbox, decode_s, t2 - t1, on_device=True)
+            with self._lock:
+                self.device_frames += len(ok)
+        for i in sorted(to_host):
+            try:
+                out[i] = self.host.decode_one(requests[i])
+            except ClientError as e:
+                out[i] = e
+        with self._lock:
+            self.host_frames += len(to_host)
+        return [o if o is not None else ClientError("bad_image", "not decoded") for o in out]
+
+
+def make_device_decoder(
+    device: str, host: HostBatchDecoder, *, streams: int = 2, staging: Allocator = numpy_allocator
+) -> CudaBatchDecoder | None:
+    """``decode.device``: ``host`` (None), ``cuda`` (ConfigError when it cannot), or
+    ``auto`` (cuda when torch sees a GPU and torchvision is there, else None)."""
+    if device == "host":
+        return None
+    try:
+        return CudaBatchDecoder(host, streams=streams, staging=staging)
+    except ConfigError as e:
+        if device == "cuda":
+            raise
+        log.info("decode.device auto: decoding on the host (%s)", e)
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# From the event loop
+
+
+class DecodeBatcher:
+    """Feeds the host decoder and, when there is one, a device decoder from the event
+    loop (see the module docstring).
+
+    Device frames wait while all ``in_flight`` device calls are busy; when one finishes,
+    everything waiting (up to ``max_batch``) goes in the next call, so batches grow with
+    the load and a lone frame is decoded at once. Host frames are one worker job each.
+    """
+
+    def __init__(
+        self,
+        host: HostBatchDecoder,
+        device: BatchDecoder | None,
+        executor: Executor,
+        *,
+        max_batch: int,
+        in_flight: int,
+    ) -> None:
+        self.host = host
+        self.device = device
+        self.executor = executor
+        self.max_batch = max_batch
+        self.in_flight = in_flight
+        self._waiting: list[tuple[DecodeRequest, asyncio.Future[Prepared]]] = []
+        self._running = 0
+        self.batches = 0  # device calls made (tests and logs read these)
+        self.batched_frames = 0
+
+    async def decode(self, request: DecodeRequest, *, device: bool = True) -> Prepared:
+        """The frame's canvas; raises its ClientError. ``device`` False (the active
+        engine cannot read device memory): the host path."""
+        loop = asyncio.get_running_loop()
+        if not (device and self.device is not None and self.device.takes(request)):
+            return await loop.run_in_executor(self.executor, self.host.decode_one, request)
+        fut: asyncio.Future[Prepared] = loop.create_future()
+        self._waiting.append((request, fut))
+        self._kick(loop)
+        return await fut
+
+    def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
+        while self._waiting and self._running < self.in_flight:
+            batch = self._waiting[: self.max_batch]
+            del self._waiting[: self.max_batch]
+            self._running += 1
+            loop.create_task(self._run(loop, batch))
+
+    async def _run(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batch: list[tuple[DecodeRequest, asyncio.Future[Prepared]]],
+    ) -> None:
+        if self.device is None:  # pragma: no cover - decode() batches only for a device
+            raise RuntimeError("no device decoder")
+        try:
+            outcomes = await loop.run_in_executor(
+                self.executor, self.device.decode_batch, [r for r, _ in batch]
+            )
+        except BaseException as e:  # a bug or a CUDA failure: every frame of it fails
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        finally:
+            self._running -= 1
+            self._kick(loop)
+        self.batches += 1
+        self.batched_frames += len(batch)
+        for (_, fut), outcome in zip(batch, outcomes, strict=True):
+            if fut.done():  # the frame's caller went away; a device canvas is just dropped
+                continue
+            if isinstance(outcome, ClientError):
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(outcome)

@@ -1,0 +1,222 @@
+"""Batched decode: which frames go to the device decoder, fallbacks, one bad frame in a batch.
+
+The host implementation is the real one (the pipeline's decode + letterbox). The device
+decoder's control flow (routing, the batch that fails whole and is retried frame by
+frame, the host fallback, the device letterbox) runs on torch's CPU device with a
+stand-in for nvJPEG (tests named ``mock``): CI has no GPU. tests/gpu/test_decode_gpu.py
+runs the same code with nvJPEG on a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import simplejpeg
+from PIL import Image
+
+from edge_vision.decode_batch import (
+    CudaBatchDecoder,
+    DecodeBatcher,
+    DecodeRequest,
+    Prepared,
+    device_decodable,
+    jpeg_kind,
+)
+from edge_vision.errors import ClientError
+from edge_vision.infer import InferenceService
+from edge_vision.models import ModelSpec
+from edge_vision.pipeline import FramePipeline
+from edge_vision.receive import FrameMessage
+
+from ..support.images import blank_scene, text_scene
+from ..support.server import make_config
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _progressive(rgb: np.ndarray) -> bytes:
+    ok, buf = cv2.imencode(".jpg", rgb[:, :, ::-1], [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
+    assert ok
+    return buf.tobytes()
+
+
+def _pillow_jpeg(mode: str, size: tuple[int, int] = (64, 48)) -> bytes:
+    buf = io.BytesIO()
+    Image.new(mode, size, 90).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def _with_adobe_transform(data: bytes, transform: int) -> bytes:
+    """The JPEG with an APP14 'Adobe' segment (version 100, flags 0, transform) after SOI."""
+    body = b"Adobe" + struct.pack(">HHHB", 100, 0, 0, transform)
+    return data[:2] + b"\xff\xee" + struct.pack(">H", len(body) + 2) + body + data[2:]
+
+
+def _sof_precision(data: bytes, bits: int) -> bytes:
+    i = data.index(b"\xff\xc0")
+    return data[: i + 4] + bytes([bits]) + data[i + 5 :]
+
+
+@pytest.fixture
+def pipeline(spec: ModelSpec) -> FramePipeline:
+    cfg = make_config({"engine": {"kind": "onnxruntime"}})
+    return FramePipeline(cfg, InferenceService(spec, cfg))
+
+
+def _request(pipeline: FramePipeline, data: bytes) -> DecodeRequest:
+    return pipeline.request_for(FrameMessage(1, 0.0, data, False, 0.0))
+
+
+class _StandInNvjpeg(CudaBatchDecoder):
+    """The device decoder on torch's CPU device; libjpeg-turbo stands in for nvJPEG and,
+    like nvJPEG's batched call, fails the whole call when one image in it is bad."""
+
+    def _nvjpeg(self, datas: list[Any]) -> list[Any]:
+        torch = self._torch
+        out = []
+        for d in datas:
+            try:
+                rgb = simplejpeg.decode_jpeg(d.numpy().tobytes(), colorspace="RGB")
+            except ValueError as e:
+                raise RuntimeError(f"nvjpegDecodeBatched failed: {e}") from None
+            out.append(torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1))
+        return out
+
+
+def _stand_in(pipeline: FramePipeline) -> _StandInNvjpeg:
+    pytest.importorskip("torch", reason="the device decoder's control flow runs on torch")
+    return _StandInNvjpeg(pipeline.host_decoder, device="cpu")
+
+
+def test_routing_sends_baseline_colour_and_grey_jpegs_to_the_device_the_rest_to_the_host(
+    pipeline: FramePipeline,
+) -> None:
+    rgb = blank_scene(320, 200).rgb
+    baseline = simplejpeg.encode_jpeg(np.ascontiguousarray(rgb), colorspace="RGB")
+    device = {
+        "baseline YCbCr": baseline,
+        "grey": _pillow_jpeg("L"),
+        "Adobe YCbCr (transform 1)": _with_adobe_transform(baseline, 1),
+    }
+    host = {
+        "PNG": blank_scene(320, 200).png(),
+        "progressive": _progressive(rgb),
+        "CMYK": _pillow_jpeg("CMYK"),
+        "Adobe RGB (transform 0)": _with_adobe_transform(baseline, 0),
+        "12-bit": _sof_precision(baseline, 12),
+    }
+    for name, data in device.items():
+        assert device_decodable(_request(pipeline, data)), name
+    for name, data in host.items():
+        assert not device_decodable(_request(pipeline, data)), name
+    kind = jpeg_kind(_progressive(rgb))
+    assert kind is not None and kind.sof == 0xC2 and kind.precision == 8
+    assert jpeg_kind(b"\xff\xd8\xff\xe0\x00") is None  # cut before its frame header
+
+
+def test_mock_device_decoder_one_corrupt_jpeg_in_a_batch_fails_only_its_own_frame(
+    pipeline: FramePipeline,
+) -> None:
+    dec = _stand_in(pipeline)
+    scenes = [text_scene(640, 360, seed=s) for s in range(3)]
+    good = [s.jpeg() for s in scenes]
+    # A header that reads fine, then entropy-coded data cut off: routed to the device,
+    # refused there, refused on the host too.
+    corrupt = good[1][: len(good[1]) // 3]
+    requests = [_request(pipeline, d) for d in (good[0], corrupt, good[1], good[2])]
+    assert all(device_decodable(r) for r in requests)
+
+    out = dec.decode_batch(requests)
+
+    assert isinstance(out[1], ClientError) and out[1].code == "bad_image"
+    assert dec.batch_failures == 1  # the batched call failed whole, then frame by frame
+    for got, data in zip((out[0], out[2], out[3]), good, strict=True):
+        assert isinstance(got, Prepared) and got.on_device
+        host = pipeline.host_decoder.decode_one(_request(pipeline, data))
+        canvas = got.canvas.numpy()
+        assert canvas.shape == host.canvas.shape == (384, 640, 3)
+        # Same pixels, placed the same way (640x360 needs no resize, only padding).
+        assert np.abs(canvas.astype(int) - host.canvas.astype(int)).mean() < 2
+        assert got.letterbox == host.letterbox
+    assert (dec.device_frames, dec.host_frames) == (3, 1)
+
+
+def test_mock_device_decoder_sends_png_and_progressive_frames_the_host_way(
+    pipeline: FramePipeline,
+) -> None:
+    dec = _stand_in(pipeline)
+    scene = text_scene(1280, 720)
+    frames = [scene.png(), _progressive(scene.rgb), scene.jpeg()]
+    out = dec.decode_batch([_request(pipeline, d) for d in frames])
+    assert all(isinstance(o, Prepared) for o in out)
+    assert [o.on_device for o in out if isinstance(o, Prepared)] == [False, False, True]
+    assert dec.batch_failures == 0 and (dec.device_frames, dec.host_frames) == (1, 2)
+    # The device letterbox (area resize 1280x720 -> 640x360) against the host's
+    # (DCT 1/2 downscale inside libjpeg) of the same JPEG: within 2 grey levels on average.
+    host = pipeline.host_decoder.decode_one(_request(pipeline, frames[2]))
+    device = out[2]
+    assert isinstance(device, Prepared)
+    diff = np.abs(device.canvas.numpy().astype(int) - host.canvas.astype(int))
+    print(f"device vs host letterbox: mean {diff.mean():.2f}, max {diff.max()}")
+    assert diff.mean() < 2
+
+
+async def test_mock_decode_batcher_batches_waiting_device_frames_and_keeps_host_frames_apart(
+    pipeline: FramePipeline,
+) -> None:
+    dec = _stand_in(pipeline)
+    batcher = DecodeBatcher(
+        pipeline.host_decoder, dec, pipeline.executor, max_batch=64, in_flight=1
+    )
+    jpegs = [text_scene(320, 180, seed=s).jpeg() for s in range(9)]
+    requests = [_request(pipeline, d) for d in jpegs]
+    corrupt = _request(pipeline, jpegs[0][:200])
+    results = await asyncio.gather(
+        *(batcher.decode(r) for r in requests),
+        batcher.decode(corrupt),
+        *(batcher.decode(r, device=False) for r in requests[:3]),
+        return_exceptions=True,
+    )
+    # The first frame found the device idle and went alone; the others waited for it and
+    # went in one call, the corrupt one among them.
+    assert (batcher.batches, batcher.batched_frames) == (2, 10)
+    assert all(isinstance(r, Prepared) and r.on_device for r in results[:9])
+    assert isinstance(results[9], ClientError) and results[9].code == "bad_image"
+    assert all(isinstance(r, Prepared) and not r.on_device for r in results[10:])
+    await pipeline.close()
+
+
+async def test_service_end_to_end_through_the_host_batch_decoder(spec: ModelSpec) -> None:
+    """The pipeline's one decode entry (DecodeBatcher) with the host implementation:
+    text found, a corrupt JPEG refused alone, decode time reported."""
+    cfg = make_config({"engine": {"kind": "onnxruntime"}, "decode": {"device": "auto"}})
+    service = InferenceService(spec, cfg)
+    await service.start()
+    pipeline = FramePipeline(cfg, service)
+    from edge_vision.pipeline import FrameSettings
+
+    try:
+        assert pipeline.decoding.device is None  # ONNX Runtime reads host memory only
+        scene = text_scene(1280, 720, texts=[("PART 77-A", (300, 260))])
+        good = FrameMessage(1, 0.0, scene.jpeg(), False, 0.0)
+        bad = FrameMessage(2, 0.0, scene.jpeg()[:3000], False, 0.0)
+        results = await asyncio.gather(
+            pipeline.process(good, FrameSettings(0.5)),
+            pipeline.process(bad, FrameSettings(0.5)),
+            return_exceptions=True,
+        )
+    finally:
+        await pipeline.close()
+        await service.close()
+    res, err = results
+    assert isinstance(err, ClientError) and err.code == "bad_image"
+    assert not isinstance(res, BaseException)
+    assert len(res.detections) == 1 and res.timing["decode_ms"] > 0
+    x1, y1, x2, y2 = res.detections[0][:4]
+    assert x1 < 320 < x2 and y1 < 290 < y2
