@@ -31,6 +31,8 @@ from edge_vision.engines.triton import (
 from edge_vision.metrics import Metrics, triton_metrics
 from edge_vision.models import ModelSpec
 
+from .support import kustomize
+
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 MODELS = DEPLOY / "triton" / "model_repository"
@@ -238,14 +240,8 @@ def test_compose_runs_three_triton_nodes_behind_nginx_with_redis(tmp_path: Path)
 
 def test_kubernetes_manifests_wire_nodes_to_triton_and_redis(tmp_path: Path) -> None:
     k8s = DEPLOY / "k8s" / "triton"
-    kustomization = yaml.safe_load((k8s / "kustomization.yaml").read_text())
-    docs: dict[tuple[str, str], Any] = {}
-    for resource in kustomization["resources"]:
-        for doc in yaml.safe_load_all((k8s / resource).read_text()):
-            docs[(doc["kind"], doc["metadata"]["name"])] = doc
-    for generator in kustomization["configMapGenerator"]:
-        for item in generator["files"]:
-            assert (k8s / item.split("=", 1)[1]).is_file(), item
+    # An overlay on deploy/k8s/base: what kustomize builds from both (generator files too).
+    docs = kustomize.build(k8s)
 
     config_map = docs[("ConfigMap", "edge-vision-config")]
     config_file = tmp_path / "config.yaml"
