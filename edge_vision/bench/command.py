@@ -164,7 +164,7 @@ def _load_run(
 ) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from .load import CameraPlan, run_cameras
+    from .load import CameraPlan, children_cpu_seconds, cpu_seconds, run_cameras
     from .stats import summary, thirds_p99
 
     start_at = time.time() + 2.0 + 0.05 * cameras
@@ -208,7 +208,14 @@ def _load_run(
                 flush=True,
             )
 
+    server_cpu0 = cpu_seconds(server.proc.pid) if server and server.proc else None
+    cameras_cpu0 = children_cpu_seconds()
     results = run_cameras(plans, on_tick=tick)
+    cameras_cpu = children_cpu_seconds() - cameras_cpu0
+    server_cpu1 = cpu_seconds(server.proc.pid) if server and server.proc else None
+    server_cpu = (
+        server_cpu1 - server_cpu0 if server_cpu0 is not None and server_cpu1 is not None else None
+    )
     bar.close()
     lat = [x for r in results for x in r.latencies_ms]
     times = [x for r in results for x in r.sent_at_s]
@@ -254,6 +261,13 @@ def _load_run(
         "latency_ms": summary(lat),
         "p99_by_third_ms": thirds_p99(times, lat),
         "server_stages_ms": stages,
+        # CPU of the server's processes (all workers) and of the camera processes while
+        # the cameras ran, and the server's per 1,000 answered frames.
+        "server_cpu_s": server_cpu,
+        "server_cpu_s_per_1000_answered": (
+            1000 * server_cpu / answered if server_cpu is not None and answered else None
+        ),
+        "cameras_cpu_s": cameras_cpu,
         "rss_mib": {
             "after_5s_min": min(rss_after5, default=float("nan")),
             "after_5s_max": max(rss_after5, default=float("nan")),
@@ -290,6 +304,15 @@ def _print_table(runs: list[dict[str, Any]], engine: dict[str, Any] | None) -> N
                 f"{r['dropped']:>7} {r['errors']:>4} {lat['p50']:>7.1f} {lat['p95']:>7.1f} "
                 f"{lat['p99']:>7.1f}  {thirds}"
             )
+        for r in runs:
+            if r.get("server_cpu_s") is not None:
+                per_k = r["server_cpu_s_per_1000_answered"]
+                print(
+                    f"{r['name']} {r['cameras']} cam: server CPU {r['server_cpu_s']:.1f} s "
+                    f"({per_k:.2f} s per 1,000 answered), cameras CPU {r['cameras_cpu_s']:.1f} s"
+                    if per_k is not None
+                    else f"{r['name']}: server CPU {r['server_cpu_s']:.1f} s, nothing answered"
+                )
         for r in runs:
             for problem in _run_problems(r):
                 print(f"{r['name']}: {problem}")

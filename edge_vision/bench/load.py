@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 import queue
 import time
 from dataclasses import dataclass, field
@@ -196,3 +197,26 @@ def rss_mib(pid: int) -> float | None:
         return total
     except OSError:
         return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) of a process and its descendants (server workers), live
+    and already reaped, from /proc; None once it is gone."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        # Fields after the ")" that closes the command name: state is the first (3rd of
+        # proc(5)), so utime/stime/cutime/cstime (14th-17th) are 11..14 here.
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total = sum(int(v) for v in rest[11:15]) / tick
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += cpu_seconds(int(child)) or 0.0
+        return total
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def children_cpu_seconds() -> float:
+    """CPU time of this process's reaped children (the camera processes, once joined)."""
+    t = os.times()
+    return t.children_user + t.children_system
