@@ -11,8 +11,31 @@
     ├── StateUnavailable       the state store (Redis) cannot be reached; frames keep flowing
     ├── UnsupportedProtocol    a client asked for a protocol version this node does not serve
     │                          (HTTP 400 before the upgrade; edge_vision/versions.py)
-    └── ClientError            bad input from one client; becomes an ``error`` message with a
-                               stable ``code`` and never a traceback in the log
+    ├── ClientError            bad input from one client; becomes an ``error`` message with a
+    │                          stable ``code`` and never a traceback in the log
+    └── ProtocolClientError    raised by the protocol client, edge_vision.client (docs/client.md)
+        ├── ConnectFailed              no session could be opened
+        │   ├── ServerUnreachable      no TCP connection (refused, no route, DNS, TLS)
+        │   └── HandshakeRefused       an HTTP status instead of the upgrade (.status, .body)
+        │       ├── AuthenticationFailed   401: no or a bad token
+        │       ├── AccessForbidden        403: wrong scope or origin
+        │       ├── ProtocolNotServed      400 unsupported_protocol (.protocols served)
+        │       └── ServerUnavailable      503 past the retry budget (warming up, full, stopping)
+        ├── ConnectionClosed           the session's socket closed (.code, .reason, .resumable)
+        │   ├── SessionEnded           1000
+        │   ├── ServerShuttingDown     1001 after ``closing`` (.resume_token): resume elsewhere
+        │   ├── IdleTimeout            4003 (protocol 1: 1001 without ``closing``)
+        │   ├── SlowClient             4002 (protocol 1: 1008 "not reading")
+        │   ├── SessionSuperseded      4000 (protocol 1: 1008 "resumed elsewhere")
+        │   ├── TokenExpired           4001
+        │   ├── ConnectionLimited      4004
+        │   ├── MessageTooBig          1009
+        │   ├── ServerOverloaded       1013
+        │   ├── ServerFailed           1011
+        │   ├── ProtocolViolation      1002, 1007, 1008 otherwise
+        │   └── ConnectionLost         no close frame (1006): the network or the server died
+        ├── FrameDropped               the server dropped this frame (latest-wins, or closed on it)
+        └── FrameRejected              the server answered this frame with ``error`` (.code)
 
 Programmer misuse raises ``TypeError`` / ``RuntimeError`` as usual.
 
@@ -100,3 +123,155 @@ class ClientError(EdgeVisionError):
     def with_frame_id(self, frame_id: object) -> ClientError:
         """The same error, attributed to a frame whose id became known later."""
         return ClientError(self.code, self.message, frame_id)
+
+
+# -- raised by the protocol client (edge_vision/client.py) -------------------------------
+
+
+class ProtocolClientError(EdgeVisionError):
+    """Base of what :mod:`edge_vision.client` raises."""
+
+
+class ConnectFailed(ProtocolClientError):
+    """No session could be opened at ``url``."""
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class ServerUnreachable(ConnectFailed):
+    """No TCP connection to the server (refused, no route, name not resolved, TLS)."""
+
+
+class HandshakeRefused(ConnectFailed):
+    """The server answered the upgrade with an HTTP status; ``body`` is its short reason."""
+
+    def __init__(self, url: str, status: int, body: str) -> None:
+        super().__init__(url, f"the server at {url} refused the WebSocket: HTTP {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+class AuthenticationFailed(HandshakeRefused):
+    """HTTP 401: the node needs a token (``Authorization: Bearer``) and had none or a bad one."""
+
+
+class AccessForbidden(HandshakeRefused):
+    """HTTP 403: the token lacks the ``stream`` scope, or the Origin is not allowed."""
+
+
+class ProtocolNotServed(HandshakeRefused):
+    """HTTP 400 ``unsupported_protocol``: ``protocols`` lists the versions the node serves."""
+
+    def __init__(self, url: str, status: int, body: str, protocols: tuple[int, ...]) -> None:
+        super().__init__(url, status, body)
+        self.protocols = protocols
+
+
+class ServerUnavailable(HandshakeRefused):
+    """HTTP 503 for longer than the retry budget: warming up, at its limit, or stopping."""
+
+
+class ConnectionClosed(ProtocolClientError):
+    """The server closed the session's socket (docs/protocol.md, "Close codes").
+
+    ``code`` as received (a protocol 1 connection receives protocol 1 codes), ``reason``
+    the close frame's text, ``resumable`` whether reconnecting with the session's resume
+    token is the right move."""
+
+    resumable = False
+
+    def __init__(self, code: int | None, reason: str = "") -> None:
+        super().__init__(f"the server closed the connection ({code}: {reason or 'no reason'})")
+        self.code = code
+        self.reason = reason
+
+
+class SessionEnded(ConnectionClosed):
+    """1000: the session is over (the client or the server closed it normally)."""
+
+
+class ServerShuttingDown(ConnectionClosed):
+    """1001 after a ``closing`` message: reconnect, to any node, and resume."""
+
+    resumable = True
+
+    def __init__(self, code: int | None, reason: str = "", resume_token: str = "") -> None:
+        super().__init__(code, reason)
+        self.resume_token = resume_token
+
+
+class IdleTimeout(ConnectionClosed):
+    """Nothing came from the client for ``server.idle_timeout_s``."""
+
+    resumable = True
+
+
+class SlowClient(ConnectionClosed):
+    """The client did not read its results for ``server.send_timeout_s``."""
+
+    resumable = True
+
+
+class SessionSuperseded(ConnectionClosed):
+    """A newer connection resumed this session; do not take it back automatically."""
+
+
+class TokenExpired(ConnectionClosed):
+    """The credential this connection was admitted with expired: reconnect with a new one."""
+
+    resumable = True
+
+
+class ConnectionLimited(ConnectionClosed):
+    """A connection limit was reached after this socket was accepted."""
+
+    resumable = True
+
+
+class MessageTooBig(ConnectionClosed):
+    """A message was larger than the node's ``limits.max_message_bytes``."""
+
+    resumable = True
+
+
+class ServerOverloaded(ConnectionClosed):
+    """1013: the node is overloaded; reconnect with backoff."""
+
+    resumable = True
+
+
+class ServerFailed(ConnectionClosed):
+    """1011: the server failed in a way that is not the client's fault."""
+
+    resumable = True
+
+
+class ProtocolViolation(ConnectionClosed):
+    """The server says this client broke the protocol (1002, 1007, or 1008 otherwise)."""
+
+
+class ConnectionLost(ConnectionClosed):
+    """The socket ended without a close frame (1006): network or server gone."""
+
+    resumable = True
+
+
+class FrameDropped(ProtocolClientError):
+    """The server answered a later frame first (latest-wins dropped this one), or the
+    connection closed before this frame's answer; the server counts it as dropped."""
+
+    def __init__(self, frame_id: object, why: str = "a newer frame took its place") -> None:
+        super().__init__(f"frame {frame_id!r} was dropped: {why}")
+        self.frame_id = frame_id
+
+
+class FrameRejected(ProtocolClientError):
+    """The server answered this frame with an ``error`` message (``code``: ERROR_CODES)."""
+
+    def __init__(self, frame_id: object, code: str, message: str) -> None:
+        super().__init__(f"frame {frame_id!r} was rejected: {code}: {message}")
+        self.frame_id = frame_id
+        self.code = code
+        self.message = message
