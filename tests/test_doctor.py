@@ -1,0 +1,178 @@
+"""``edge-vision doctor``: on this CPU machine every check is there, the GPU and TensorRT
+ones say "not available" with the reason, ONNX Runtime really runs; with the MOCK
+TensorRT (tests/test_tensorrt_mocked.py) the plan and engine paths run too."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edge_vision import doctor as doctor_module
+from edge_vision.doctor import (
+    FAIL,
+    NA,
+    PASS,
+    Doctor,
+    DoctorOptions,
+    jetpack_for_l4t,
+    parse_l4t_release,
+    relative_error,
+)
+
+from .support.server import make_config
+from .test_tensorrt_mocked import MockCudaRuntime, MockState, mock_trt  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.timeout(180)
+
+#: Every check doctor runs on a machine without a GPU, by name.
+CPU_CHECKS = {
+    "platform",
+    "jetpack / l4t",
+    "cuda",
+    "cuda layer",
+    "tensorrt",
+    "dla cores",
+    "jpeg decoder",
+    "tensorrt plan",
+    "onnxruntime (cpu) on a real frame",
+    "engine vs onnxruntime",
+    "latency onnxruntime",
+}
+NEEDS_GPU_OR_TENSORRT = {"cuda", "cuda layer", "tensorrt", "dla cores", "tensorrt plan"}
+
+
+def test_doctor_on_this_cpu_machine_reports_every_check_and_exits_0(tmp_path: Path) -> None:
+    report_path = tmp_path / "doctor.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edge_vision",
+            "doctor",
+            "--seconds",
+            "0.3",
+            "--json",
+            str(report_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "Traceback" not in out
+    assert "OK: 1 passed, 0 failed" in done.stdout
+    report = json.loads(report_path.read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert set(checks) == CPU_CHECKS
+    for name in NEEDS_GPU_OR_TENSORRT | {"jetpack / l4t", "engine vs onnxruntime"}:
+        assert checks[name]["status"] == NA, checks[name]
+        assert len(checks[name]["summary"]) > 10, checks[name]  # the reason
+        assert f"{name:<34} {NA}" in done.stdout
+    assert "TensorRT" in checks["tensorrt"]["summary"]
+    assert "not a Jetson" in checks["jetpack / l4t"]["summary"]
+    assert "torch" in checks["engine vs onnxruntime"]["summary"]
+    ort = checks["onnxruntime (cpu) on a real frame"]
+    assert ort["status"] == PASS and ort["details"]["detections"] >= 1
+    latency = checks["latency onnxruntime"]
+    assert latency["details"]["rows"][0]["serial"]["frames_per_s"] > 0
+    assert "1 frame: p50" in latency["summary"]
+    assert report["failed"] == [] and "date" in report
+
+
+def test_l4t_release_lines_name_the_jetpack() -> None:
+    orin = (
+        "# R36 (release), REVISION: 3.0, GCID: 36191598, BOARD: generic, EABI: aarch64, "
+        "DATE: Mon May  6 17:34:21 UTC 2024"
+    )
+    assert parse_l4t_release(orin) == "36.3.0"
+    assert jetpack_for_l4t("36.3.0") == "6.0"
+    assert jetpack_for_l4t("36.4.3") == "6.2" and jetpack_for_l4t("36.4.0") == "6.1"
+    assert jetpack_for_l4t("35.4.1") == "5.1.2"
+    assert jetpack_for_l4t("32.7.4") is None
+    assert parse_l4t_release("not a release file") is None
+
+
+def test_relative_error_is_the_norm_of_the_difference_over_the_reference() -> None:
+    ref = np.array([3.0, 4.0], np.float32)
+    assert relative_error(ref, ref) == 0.0
+    assert relative_error(ref + np.array([0.3, 0.4], np.float32), ref) == pytest.approx(0.1)
+
+
+def test_a_check_that_breaks_is_one_fail_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lines: list[str] = []
+    doc = Doctor(make_config(), DoctorOptions(seconds=0.1), out=lines.append)
+
+    def broken() -> Any:
+        raise KeyError("no such field")
+
+    monkeypatch.setattr(doc, "check_jetson", broken)
+    monkeypatch.setattr(doc, "check_onnxruntime", broken)
+    monkeypatch.setattr(doc, "check_engines", lambda: [])
+    monkeypatch.setattr(doc, "check_latency", lambda: [])
+    checks = {c.name: c for c in doc.run()}
+    broke = checks["jetpack / l4t"]
+    assert broke.status == FAIL and broke.summary == "KeyError: 'no such field'"
+    assert any(line.startswith("FAIL  jetpack / l4t") for line in lines)
+    assert checks["platform"].status == "info"  # the others still ran
+
+
+def test_doctor_builds_a_plan_and_compares_tensorrt_with_onnxruntime_mock_tensorrt(
+    mock_trt: tuple[MockState, types.ModuleType],  # noqa: F811 - the imported fixture
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    state, _ = mock_trt
+    # doctor probes the CUDA layers itself: give it the mock GPU, as one layer.
+    monkeypatch.setattr("edge_vision.cuda.open_runtime", lambda *a, **k: MockCudaRuntime(state))
+    monkeypatch.setattr("edge_vision.cuda.base._BACKENDS", {"cuda-python": ("mock", "Mock")})
+    config = make_config(
+        {
+            "engine": {
+                "kind": "tensorrt",
+                "max_batch": 2,
+                "in_flight": 1,
+                "tensorrt": {"engine_dir": str(tmp_path / "engines")},
+            }
+        }
+    )
+    lines: list[str] = []
+    before = Doctor(config, DoctorOptions(seconds=0.1), out=lines.append)
+    assert before.check_tensorrt().summary == "TensorRT 10.3.0"
+    assert before.check_dla().details["dla_cores"] == 2
+    assert before.check_cuda_layers().status == PASS
+    plan = before.check_plan()
+    assert plan.details["lookup"] == "missing" and "doctor --build" in plan.summary
+    (untested,) = before.check_engines()  # no plan, and doctor never builds one unasked
+    assert untested.status == NA and "doctor --build" in untested.summary
+    assert state.builds == []
+
+    # Latency is measured in the CPU test above; here it would only time ONNX Runtime again.
+    options = DoctorOptions(build=True, latency=False)
+    built = Doctor(config, options, out=lines.append).run()
+    by_name = {c.name: c for c in built}
+    assert by_name["tensorrt plan"].status == PASS, by_name["tensorrt plan"]
+    assert by_name["tensorrt plan"].summary.startswith("built ")
+    assert len(state.builds) == 1
+    compared = by_name["tensorrt vs onnxruntime (cuda-python)"]
+    # The mock's "plan" runs the same graph with ONNX Runtime: the same answer.
+    assert compared.status == PASS, compared
+    assert compared.details["relative_error"] < 1e-3
+    assert compared.details["agreement"]["recall"] == 1.0
+    assert by_name["latency"].status == NA and "skipped" in by_name["latency"].summary
+    assert not [c for c in built if c.status == FAIL], [c.line() for c in built]
+    assert doctor_module.summary_table(built).splitlines()[-1].startswith("OK: ")
+    assert len(state.builds) == 1  # the engine checks ran the plan --build made
+
+    after = Doctor(config, DoctorOptions(), out=lines.append).check_plan()
+    assert after.status == PASS and after.summary.endswith("matches " + plan.details["stem"])
