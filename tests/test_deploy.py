@@ -98,6 +98,11 @@ def test_compose_has_the_site_and_every_file_it_names_exists() -> None:
     for source in re.findall(r"deploy/[\w./-]+", instructions):
         assert (REPO / source).is_file(), source
     assert "edge-vision-tls.conf.template" in nginx_image
+    # The entrypoint's defaults are where the image puts things.
+    entrypoint = (COMPOSE / "nginx/entrypoint.sh").read_text()
+    template_dir = re.search(r'TEMPLATE_DIR:-([^}"]+)', entrypoint)
+    assert template_dir is not None and f"{template_dir.group(1)}/" in nginx_image
+    assert "/usr/local/bin/edge-vision-nginx" in nginx_image
     # The nodes find Redis by its service name; Prometheus scrapes the nodes' service.
     node_env = services["edge-vision"]["environment"]
     assert node_env["EDGE_VISION_STATE__REDIS_URL"] == "redis://redis:6379/0"
@@ -168,13 +173,15 @@ def test_kubernetes_nodes_probes_and_grace_fit_the_sigterm_hand_over(
 def test_kubernetes_gpu_nodes_ask_for_a_gpu_and_run_tensorrt(tmp_path: Path) -> None:
     docs = kustomize.build(K8S / "gpu")
     cfg = node_config(docs, tmp_path)
-    _pod, c = node_container(docs)
+    pod, c = node_container(docs)
     assert c["resources"]["requests"]["nvidia.com/gpu"] == 1
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1  # extended resources: equal
     assert cfg.engine.kind == "tensorrt" and cfg.engine.fallback == "onnxruntime"
     mount = next(m for m in c["volumeMounts"] if m["name"] == "engines")
     assert Path(mount["mountPath"]) == cfg.engine.tensorrt.engine_dir
     assert c["image"] == "edge-vision:gpu"
+    uid = re.search(r"--uid (\d+)", (DEPLOY / "docker/Dockerfile.gpu").read_text())
+    assert uid is not None and pod["securityContext"]["runAsUser"] == int(uid.group(1))
     # The base's pieces are all still there under the patch.
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert ("Ingress", "edge-vision") in docs
