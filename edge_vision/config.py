@@ -90,13 +90,16 @@ class ServerConfig(_Section):
         20.0, gt=0, description="WebSocket ping period (RFC 6455 5.5.2)."
     )
     idle_timeout_s: float = Field(
-        60.0, gt=0, description="Close a connection after this long without any frame from it."
+        60.0,
+        gt=0,
+        description="Close a connection after this long without any message from it, with "
+        "4003 (protocol 1: 1001).",
     )
     send_timeout_s: float = Field(
         10.0,
         gt=0,
         description="A reply that cannot be written for this long means the client stopped "
-        "reading: the connection is closed with 1008.",
+        "reading: the connection is closed with 4002 (protocol 1: 1008).",
     )
     shutdown_grace_s: float = Field(
         5.0, ge=0, description="On SIGTERM, time given to frames in flight before sockets close."
@@ -447,12 +450,6 @@ class AuthConfig(_Section):
         "(not another EDGE_VISION_ name: those are config keys).",
     )
 
-    @model_validator(mode="after")
-    def _secret_env_is_not_config(self) -> AuthConfig:
-        env = self.token_secret_env
-        if env.startswith(ENV_PREFIX) and env != ENV_TOKEN_SECRET:
-            raise ValueError(f"auth.token_secret_env {env!r} would be read as a config key")
-        return self
     allowed_origins: list[str] = Field(
         default_factory=list,
         description="Browser origins (scheme://host[:port]) allowed to open /ws besides the "
@@ -473,6 +470,13 @@ class LimitsConfig(_Section):
     max_connections_per_address: int = Field(
         64, ge=1, description="Open WebSockets from one client address above this get 503."
     )
+    @model_validator(mode="after")
+    def _secret_env_is_not_config(self) -> AuthConfig:
+        env = self.token_secret_env
+        if env.startswith(ENV_PREFIX) and env != ENV_TOKEN_SECRET:
+            raise ValueError(f"auth.token_secret_env {env!r} would be read as a config key")
+        return self
+
     max_connections_per_token: int = Field(
         128,
         ge=1,

@@ -436,7 +436,12 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     pipeline = FramePipeline(config, service)
     metrics.watch_memory(pipeline.budget, pipeline.pool)
     node_id = _node_id(config)
-    app = web.Application(client_max_size=1024**2)
+    app = web.Application(
+        client_max_size=1024**2,
+        # aiohttp closes a connection that has not sent a whole request this long after it
+        # opened (or after its previous one): a slow or silent handshake holds no socket.
+        handler_args={"keepalive_timeout": config.limits.handshake_timeout_s},
+    )
     app[CONFIG] = config
     app[METRICS] = metrics
     app[SERVICE] = service

@@ -3,8 +3,11 @@
 A session outlives its WebSocket: a client that reconnects with the resume token from
 its ``hello`` (to this node or another that shares the state store) gets the same id,
 settings and counters back (docs/protocol.md, "Connecting"; docs/state.md, "Resume").
-The token is ``<session id>.<secret>``; the secret is kept in the state store and
-compared in constant time.
+The token is ``<session id>.<secret>``. Since record schema 2 the state store keeps only
+the secret's SHA-256 (``secret_sha256``), compared in constant time: someone who can read
+Redis cannot resume anyone's session. A node still reads schema-1 records (plain
+``secret``), so sessions written before an upgrade resume; the secret is 144 random bits,
+so an unsalted fast hash is enough (nothing to brute-force).
 
 ``epoch`` orders the holders of one session: it starts at 1 and grows by one each time a
 connection resumes the session. The state store refuses a write that carries an older
@@ -15,6 +18,7 @@ the newer holder's record (docs/state.md, "Who wins").
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import re
@@ -32,11 +36,20 @@ _SESSION_ID = re.compile(r"[0-9a-f]{16}")
 _SECRET = re.compile(r"[A-Za-z0-9_-]{16,64}")
 MAX_USER_AGENT = 256
 MAX_FORWARDED_FOR = 256
+#: Version of the session record's fields (docs/state.md); 1 held the secret in plain text.
+RECORD_SCHEMA = 2
+
+
+def secret_digest(secret: str) -> str:
+    """What the state store holds of a resume secret: its hex SHA-256."""
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 @dataclass
 class Session:
     id: str
+    # The resume secret in clear: known to the node that issued it, and to a node the
+    # client resumed on (it presented it); empty for a copy read from the store.
     secret: str
     node_id: str
     mode: Mode
@@ -58,6 +71,11 @@ class Session:
     rejected: int = 0
 
     @property
+    secret_sha256: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.secret_sha256 and self.secret:
+            self.secret_sha256 = secret_digest(self.secret)
     def resume_token(self) -> str:
         return f"{self.id}.{self.secret}"
 
@@ -75,13 +93,14 @@ class Session:
         """Flat string mapping, the shape a Redis hash holds (field list: docs/state.md)."""
         return {
             "id": self.id,
-            "secret": self.secret,
+            "secret_sha256": self.secret_sha256,
             "node": self.node_id,
             "epoch": str(self.epoch),
             "mode": self.mode,
             "confidence": repr(self.confidence),
             "classes": json.dumps(self.classes),
             "client": self.client,
+            "schema": str(RECORD_SCHEMA),
             "forwarded_for": self.forwarded_for,
             "user_agent": self.user_agent,
             "connected": "1" if self.connected else "0",
@@ -101,11 +120,16 @@ class Session:
             connected_at = float(rec.get("connected_at", "0"))
             return cls(
                 id=rec["id"],
-                secret=rec["secret"],
+                secret="",
+                secret_sha256=digest,
                 node_id=rec.get("node", ""),
                 mode=mode,
                 confidence=float(rec.get("confidence", "0.5")),
                 classes=[int(c) for c in classes] if isinstance(classes, list) else None,
+            if "secret_sha256" in rec:
+                digest = rec["secret_sha256"]
+            else:  # schema 1, written before the store held only hashes
+                digest = secret_digest(rec["secret"])
                 client=rec.get("client", ""),
                 forwarded_for=rec.get("forwarded_for", ""),
                 user_agent=rec.get("user_agent", ""),
@@ -169,4 +193,5 @@ def split_resume_token(token: str) -> tuple[str, str] | None:
 
 
 def token_matches(session: Session, secret: str) -> bool:
-    return hmac.compare_digest(session.secret.encode(), secret.encode())
+    """Constant-time: does ``secret`` hash to what the session holds?"""
+    return hmac.compare_digest(session.secret_sha256.encode(), secret_digest(secret).encode())

@@ -17,6 +17,7 @@ properties; docs/state.md quotes them.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -192,7 +193,12 @@ async def test_redis_holds_node_and_session_with_documented_keys_ttls_and_counte
         assert rec["node"] == "node-a" and rec["connected"] == "1" and rec["epoch"] == "1"
         assert (rec["mode"], float(rec["confidence"]), rec["classes"]) == ("latest", 0.3, "[0]")
         assert rec["client"] == "127.0.0.1" and rec["user_agent"] == AGENT
-        assert "secret" in rec and float(rec["connected_at"]) <= float(rec["last_seen"])
+        assert float(rec["connected_at"]) <= float(rec["last_seen"])
+        # Only the resume secret's hash is stored (schema 2): reading Redis resumes nothing.
+        secret = c.token.split(".", 1)[1]
+        assert "secret" not in rec and rec["schema"] == "2"
+        assert rec["secret_sha256"] == hashlib.sha256(secret.encode()).hexdigest()
+        assert all(secret not in v for v in rec.values())
 
         node = await raw.hgetall("ev:node:node-a")
         assert node["id"] == "node-a" and node["model"] == "PP-OCRv6_det_small"
@@ -284,7 +290,8 @@ async def test_resuming_elsewhere_closes_the_stale_socket_on_the_old_node(
     redis_server: RedisServer, raw: Any, server_factory: Factory, small_spec: ModelSpec
 ) -> None:
     """The old socket looks alive to node A (half-open), but the client resumed on B:
-    A learns it from the store at its next heartbeat and closes its copy with 1008."""
+    A learns it from the store at its next heartbeat and closes its copy with 4000
+    (superseded; 1008 for a protocol-1 client)."""
     a = await start(server_factory, small_spec, redis_server.url, "node-a")
     b = await start(server_factory, small_spec, redis_server.url, "node-b")
     async with aiohttp.ClientSession() as http:
@@ -297,7 +304,7 @@ async def test_resuming_elsewhere_closes_the_stale_socket_on_the_old_node(
         assert new.hello["resumed"] is True
         msg = await old.ws.receive(timeout=T(10))
         assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
-        assert old.ws.close_code == 1008
+        assert old.ws.close_code == 4000
         await new.frames(1)  # the new holder serves on
         await wait_until(
             lambda: session_in_redis(raw, old.hello["session_id"], node="node-b", answered="2"),

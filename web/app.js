@@ -59,12 +59,16 @@ let lastFrame = null;
 let bannerTimer = null;
 
 const sources = new SourceManager(ui.video, ui.image);
-const connection = new SessionConnection(serverUrl(), {
-  onHello,
-  onMessage,
-  onState,
-  onClosed: () => sender.forgetPending(),
-});
+const connection = new SessionConnection(
+  serverUrl(),
+  {
+    onHello,
+    onMessage,
+    onState,
+    onClosed: () => sender.forgetPending(),
+  },
+  accessToken(),
+);
 const sender = new FrameSender(connection, {
   onSent: (frame) => {
     windows.sent.push(frame.sentAt);
@@ -82,6 +86,23 @@ function serverUrl() {
   if (asked) return asked;
   const proto = location.protocol === "https:" ? "wss:" : "ws:";
   return `${proto}//${location.host}/ws`;
+}
+
+/**
+ * The access token, from `#token=…` (a fragment never reaches a server or its logs); kept
+ * for this tab in sessionStorage and taken out of the address bar, so a screenshot or a
+ * copied link does not carry it.
+ */
+function accessToken() {
+  const fragment = new URLSearchParams(location.hash.slice(1));
+  const given = fragment.get("token");
+  if (given) {
+    sessionStorage.setItem("edge_vision.token", given);
+    fragment.delete("token");
+    const rest = fragment.toString();
+    history.replaceState(null, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
+  }
+  return sessionStorage.getItem("edge_vision.token");
 }
 
 // -- server messages ---------------------------------------------------------------------

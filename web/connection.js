@@ -5,6 +5,11 @@
 
 import { PROTOCOL_VERSION, pingMessage } from "./protocol.js";
 
+// The server's subprotocol and its own close codes (docs/protocol.md, "Close codes").
+const SUBPROTOCOL = "edge-vision";
+const CLOSE_SUPERSEDED = 4000;
+const CLOSE_TOKEN_EXPIRED = 4001;
+
 const BACKOFF_FIRST_MS = 250;
 const BACKOFF_MAX_MS = 8000;
 const PING_EVERY_MS = 5000;
@@ -22,10 +27,12 @@ export class SessionConnection {
    * @param {string} url ws:// or wss:// URL of /ws
    * @param {{onHello: (hello: object) => void, onMessage: (msg: object) => void,
    *          onState: (state: ConnectionState) => void, onClosed: () => void}} handlers
+   * @param {string|null} token access token or API key (docs/security.md), or null
    */
-  constructor(url, handlers) {
+  constructor(url, handlers, token = null) {
     this.url = url;
     this.handlers = handlers;
+    this.token = token;
     this.ws = null;
     this.resumeToken = null;
     this.hello = null;
@@ -82,7 +89,13 @@ export class SessionConnection {
   _open() {
     const url = new URL(this.url);
     url.searchParams.set("protocol", String(PROTOCOL_VERSION)); // the version this page speaks
-    if (this.resumeToken) url.searchParams.set("resume", this.resumeToken);
+    // A browser cannot set headers on a WebSocket: the credential and the resume token
+    // travel as Sec-WebSocket-Protocol entries next to the real subprotocol, which is the
+    // only one the server echoes (docs/protocol.md, "Authentication"). Nothing secret goes
+    // into the URL, so no access log keeps it.
+    const protocols = [SUBPROTOCOL];
+    if (this.token) protocols.push(`${SUBPROTOCOL}.token.${this.token}`);
+    if (this.resumeToken) protocols.push(`${SUBPROTOCOL}.resume.${this.resumeToken}`);
     this._setState({
       kind: "connecting",
       text: this.attempt ? `connecting (attempt ${this.attempt + 1})` : "connecting",
@@ -90,7 +103,7 @@ export class SessionConnection {
     });
     let ws;
     try {
-      ws = new WebSocket(url.href);
+      ws = new WebSocket(url.href, protocols);
     } catch (e) {
       // Only a malformed URL throws here; retrying would not help.
       this._setState({ kind: "refused", text: `bad server address: ${e.message}` });
@@ -133,11 +146,18 @@ export class SessionConnection {
         this._diagnoseRefusal();
         return;
       }
-      if (ev.code === 1008 && /resumed elsewhere/.test(ev.reason)) {
+      if (ev.code === CLOSE_SUPERSEDED) {
         // Another tab or device took this session over; fighting back would ping-pong.
         this._setState({
           kind: "refused",
           text: "this session was taken over by another connection; press Reconnect",
+        });
+        return;
+      }
+      if (ev.code === CLOSE_TOKEN_EXPIRED) {
+        this._setState({
+          kind: "refused",
+          text: "the access token expired; open the page with a fresh #token=… and press Reconnect",
         });
         return;
       }
@@ -207,25 +227,32 @@ export class SessionConnection {
     }, delay);
   }
 
-  // A browser hides the HTTP status of a refused WebSocket upgrade. The same URL fetched as
-  // plain HTTP returns the server's reason (503 with "connection limit reached", "engine is
-  // warming up", 401 for a token) before the server would ask for the upgrade.
+  // A browser hides the HTTP status of a refused WebSocket upgrade. The server runs the
+  // same checks for a plain GET of the same URL with the same credential (as a header,
+  // which fetch can set) and answers with the status and one line saying why: 401/403
+  // (credential, scope, origin), 503 (warming up, shutting down, a connection limit by
+  // name), 400 (protocol version), or 426 when nothing would refuse this page now.
   async _diagnoseRefusal() {
     const httpUrl = new URL(this.url);
     httpUrl.protocol = httpUrl.protocol === "wss:" ? "https:" : "http:";
     httpUrl.search = "";
+    httpUrl.searchParams.set("protocol", String(PROTOCOL_VERSION));
     let why = "server unreachable";
     let fatal = false;
     if (httpUrl.origin === location.origin) {
       try {
-        const res = await fetch(httpUrl.href, { cache: "no-store" });
-        const body = (await res.text()).trim().slice(0, 200);
-        if (res.status === 401 || res.status === 403) {
-          why = `refused: not authorised (${res.status}${body ? `: ${body}` : ""})`;
+        const headers = this.token ? { Authorization: `Bearer ${this.token}` } : {};
+        const res = await fetch(httpUrl.href, { cache: "no-store", headers });
+        const body = (await res.text()).trim().split("\n")[0].slice(0, 200);
+        if (res.status === 401) {
+          why = `refused: not authorised (401: ${body || "credentials required"})`;
+          fatal = true;
+        } else if (res.status === 403) {
+          why = `refused: forbidden (403: ${body || "forbidden"})`;
           fatal = true;
         } else if (res.status === 503 || res.status === 429) {
           why = `server busy: ${body || res.statusText}`;
-        } else if (res.status === 400 || res.status === 426) {
+        } else if (res.status === 426) {
           why = "the connection failed during the handshake";
         } else {
           why = `refused: HTTP ${res.status}${body ? ` ${body}` : ""}`;
@@ -249,6 +276,10 @@ function describeClose(code, reason) {
       return reason ? `server closed: ${reason}` : "server went away";
     case 1008:
       return `server closed the connection: ${reason || "policy"}`;
+    case 4002:
+      return "the server closed the connection: this page stopped reading results";
+    case 4003:
+      return "closed after a quiet spell (idle timeout)";
     case 1009:
       return "a frame was larger than the server accepts; lower the quality or send size";
     case 1006:

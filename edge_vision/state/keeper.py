@@ -263,6 +263,7 @@ class StateKeeper:
                 # counters (the store has them as of the last flush).
                 local.epoch = session.epoch
                 session = local
+            session.secret = secret  # the store holds its hash; hello gives the token back
             return session
         if local is None:
             return None
