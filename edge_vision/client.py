@@ -77,6 +77,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The subprotocol and its resume entry (edge_vision/auth.py names them for the server).
+SUBPROTOCOL = "edge-vision"
+RESUME_ENTRY = "edge-vision.resume."
+
 Mode = Literal["latest", "every"]
 Wire = Literal["binary", "json"]
 FrameId = int | str
@@ -387,14 +391,23 @@ class EdgeVisionClient:
         self._receiver = asyncio.create_task(self._receive(), name="edge-vision-client")
         return hello
 
-    def _handshake_url(self, resume_token: str | None) -> str:
-        return _with_query(
+    def _handshake(self, resume_token: str | None) -> tuple[str, tuple[str, ...]]:
+        """The URL and the subprotocol entries of a handshake (docs/protocol.md,
+        "Connecting"): since protocol 2 the resume token is a subprotocol entry, kept out
+        of URLs and so out of access logs; a protocol 1 client sends ``?resume=``."""
+        if self.protocol >= 2:
+            url = _with_query(self.url, protocol=str(self.protocol), mode=self.mode)
+            if resume_token:
+                return url, (SUBPROTOCOL, RESUME_ENTRY + resume_token)
+            return url, ()
+        url = _with_query(
             self.url, protocol=str(self.protocol), mode=self.mode, resume=resume_token
         )
+        return url, ()
 
     async def _open(self, resume_token: str | None) -> Hello:
         assert self._session is not None
-        url = self._handshake_url(resume_token)
+        url, subprotocols = self._handshake(resume_token)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         deadline = time.monotonic() + self.retry_s
         backoff = 0.1
@@ -406,6 +419,7 @@ class EdgeVisionClient:
                 ws = await self._session.ws_connect(
                     url,
                     headers=headers,
+                    protocols=subprotocols,
                     max_msg_size=0,
                     autoping=True,
                     timeout=aiohttp.ClientWSTimeout(ws_close=5.0),

@@ -263,7 +263,10 @@ async def test_a_newer_connection_resuming_the_session_is_session_superseded(
     first = EdgeVisionClient(server.ws_url, protocol=protocol)
     await first.connect()
     reading = asyncio.create_task(results_until_closed(first))
-    second = EdgeVisionClient(server.ws_url, resume_token=first.hello.resume_token)
+    # Protocol 2 sends the token as a subprotocol entry, protocol 1 as ?resume=.
+    second = EdgeVisionClient(
+        server.ws_url, protocol=protocol, resume_token=first.hello.resume_token
+    )
     await second.connect()
     assert second.hello.resumed and second.hello.session_id == first.hello.session_id
     with pytest.raises(errors.SessionSuperseded) as info:
@@ -376,3 +379,13 @@ async def test_resume_on_the_other_node_after_sigterm(
             await asyncio.to_thread(nginx.stop)
         for node in nodes.values():
             await asyncio.to_thread(node.stop)
+
+
+def test_since_protocol_2_the_resume_token_stays_out_of_the_url() -> None:
+    v2 = EdgeVisionClient("ws://node:8080/ws?mode=every")
+    url, entries = v2._handshake("sess.tok")
+    assert "tok" not in url and entries == ("edge-vision", "edge-vision.resume.sess.tok")
+    assert "protocol=2" in url and "mode=every" in url
+    v1 = EdgeVisionClient("ws://node:8080/ws", protocol=1)
+    url, entries = v1._handshake("sess.tok")
+    assert "resume=sess.tok" in url and "protocol=1" in url and entries == ()
