@@ -462,6 +462,13 @@ class AuthConfig(_Section):
         "Authorization: Bearer or the subprotocol entry.",
     )
 
+    @model_validator(mode="after")
+    def _secret_env_is_not_config(self) -> AuthConfig:
+        env = self.token_secret_env
+        if env.startswith(ENV_PREFIX) and env != ENV_TOKEN_SECRET:
+            raise ValueError(f"auth.token_secret_env {env!r} would be read as a config key")
+        return self
+
 
 class LimitsConfig(_Section):
     """Fair shares of connections (docs/security.md, "Limits"); server.max_connections is
@@ -470,13 +477,6 @@ class LimitsConfig(_Section):
     max_connections_per_address: int = Field(
         64, ge=1, description="Open WebSockets from one client address above this get 503."
     )
-    @model_validator(mode="after")
-    def _secret_env_is_not_config(self) -> AuthConfig:
-        env = self.token_secret_env
-        if env.startswith(ENV_PREFIX) and env != ENV_TOKEN_SECRET:
-            raise ValueError(f"auth.token_secret_env {env!r} would be read as a config key")
-        return self
-
     max_connections_per_token: int = Field(
         128,
         ge=1,

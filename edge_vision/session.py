@@ -69,13 +69,13 @@ class Session:
     answered: int = 0
     dropped: int = 0
     rejected: int = 0
-
-    @property
     secret_sha256: str = ""
 
     def __post_init__(self) -> None:
         if not self.secret_sha256 and self.secret:
             self.secret_sha256 = secret_digest(self.secret)
+
+    @property
     def resume_token(self) -> str:
         return f"{self.id}.{self.secret}"
 
@@ -92,6 +92,7 @@ class Session:
     def to_record(self) -> dict[str, str]:
         """Flat string mapping, the shape a Redis hash holds (field list: docs/state.md)."""
         return {
+            "schema": str(RECORD_SCHEMA),
             "id": self.id,
             "secret_sha256": self.secret_sha256,
             "node": self.node_id,
@@ -100,7 +101,6 @@ class Session:
             "confidence": repr(self.confidence),
             "classes": json.dumps(self.classes),
             "client": self.client,
-            "schema": str(RECORD_SCHEMA),
             "forwarded_for": self.forwarded_for,
             "user_agent": self.user_agent,
             "connected": "1" if self.connected else "0",
@@ -115,6 +115,10 @@ class Session:
         """The inverse of :meth:`to_record`; ``ValueError`` when the record is unusable
         (written by something else, or half-expired)."""
         try:
+            if "secret_sha256" in rec:
+                digest = rec["secret_sha256"]
+            else:  # schema 1, written before the store held only hashes
+                digest = secret_digest(rec["secret"])
             mode: Mode = "every" if rec.get("mode") == "every" else "latest"
             classes = json.loads(rec.get("classes") or "null")
             connected_at = float(rec.get("connected_at", "0"))
@@ -126,10 +130,6 @@ class Session:
                 mode=mode,
                 confidence=float(rec.get("confidence", "0.5")),
                 classes=[int(c) for c in classes] if isinstance(classes, list) else None,
-            if "secret_sha256" in rec:
-                digest = rec["secret_sha256"]
-            else:  # schema 1, written before the store held only hashes
-                digest = secret_digest(rec["secret"])
                 client=rec.get("client", ""),
                 forwarded_for=rec.get("forwarded_for", ""),
                 user_agent=rec.get("user_agent", ""),
