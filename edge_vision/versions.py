@@ -40,12 +40,16 @@ class ProtocolVersion:
     ``close_codes``: a close code the server means to send → the code this version's client
     receives instead (absent: the same code). ``app_close_fallback``: for a version that
     predates application close codes, the code sent for any 4000-4999 code not mapped in
-    ``close_codes``; None when the version knows them.
+    ``close_codes``; None when the version knows them. ``track_ids``: detections in a
+    ``result`` carry ``track``. ``settings_extras``: the ``settings`` answer carries the
+    session's ``track`` and ``input_size``.
     """
 
     number: int
     close_codes: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     app_close_fallback: int | None = None
+    track_ids: bool = True
+    settings_extras: bool = True
 
     def close_code(self, code: int) -> int:
         """The close code to send this version's client for the server's ``code``."""
@@ -72,6 +76,9 @@ PROTOCOLS: Final[Mapping[int, ProtocolVersion]] = MappingProxyType(
             close_codes=MappingProxyType({4003: 1001}),
             # v1 documented one code for every other policy close: 1008 (docs/protocol.md).
             app_close_fallback=1008,
+            # v1 results and settings answers have exactly the fields v1 documented.
+            track_ids=False,
+            settings_extras=False,
         ),
         2: ProtocolVersion(2),
     }

@@ -26,6 +26,7 @@ from edge_vision.models import ModelSpec
 from edge_vision.server import SERVICE, STARTUP, create_app
 
 from .support.assertions import assert_box_overlaps
+from .support.clients import camera_client
 from .support.cluster import LIGHT_NODE, Nginx, node_process
 from .support.images import text_scene
 from .support.redis_server import RedisServer
@@ -49,7 +50,7 @@ def assert_text_found(res: Result, scene: Any = SCENE) -> None:
 
 
 async def test_hello_settings_and_frames_as_bytes_json_and_numpy(server: RunningServer) -> None:
-    async with EdgeVisionClient(server.ws_url, mode="every") as client:
+    async with camera_client(server.ws_url, mode="every") as client:
         hello = client.hello
         assert hello.protocol == 2 and hello.protocols == (1, 2)
         assert {"binary_frames", "resume"} <= hello.features
@@ -71,7 +72,7 @@ async def test_hello_settings_and_frames_as_bytes_json_and_numpy(server: Running
 async def test_results_match_by_id_in_order_and_drops_are_typed(server: RunningServer) -> None:
     """Latest-wins: 12 frames at once; the last is answered, each other one is answered or
     its future raises FrameDropped; results() yields the answers in order."""
-    async with EdgeVisionClient(server.ws_url, mode="latest") as client:
+    async with camera_client(server.ws_url, mode="latest") as client:
         futures = [await client.send(JPG, frame_id=i) for i in range(12)]
         outcomes: list[str] = []
         for i, fut in enumerate(futures):
@@ -98,7 +99,7 @@ async def test_results_match_by_id_in_order_and_drops_are_typed(server: RunningS
 async def test_a_bad_frame_is_a_typed_rejection_and_the_session_lives_on(
     server: RunningServer,
 ) -> None:
-    async with EdgeVisionClient(server.ws_url, mode="every") as client:
+    async with camera_client(server.ws_url, mode="every") as client:
         bad = await client.send(b"not an image at all", frame_id=1)
         good = await client.send(JPG, frame_id=2)
         with pytest.raises(errors.FrameRejected) as info:
@@ -111,7 +112,7 @@ async def test_a_bad_frame_is_a_typed_rejection_and_the_session_lives_on(
 
 
 async def test_a_protocol_1_client_still_streams(server: RunningServer) -> None:
-    async with EdgeVisionClient(server.ws_url, protocol=1, mode="every") as client:
+    async with camera_client(server.ws_url, protocol=1, mode="every") as client:
         assert client.hello.protocol == 1
         results = [await client.detect(JPG, frame_id=i) for i in range(3)]
     assert [r.id for r in results] == [0, 1, 2]
@@ -237,7 +238,7 @@ async def test_shutdown_is_server_shutting_down_with_the_resume_token(spec: Mode
     from .support.server import running_server
 
     async with running_server(make_config(), spec) as srv:
-        client = EdgeVisionClient(srv.ws_url, resume=False)
+        client = camera_client(srv.ws_url, resume=False)
         await client.connect()
         reading = asyncio.create_task(results_until_closed(client))
     with pytest.raises(errors.ServerShuttingDown) as info:
@@ -250,7 +251,7 @@ async def test_shutdown_is_server_shutting_down_with_the_resume_token(spec: Mode
 @pytest.mark.parametrize("protocol", [1, 2])
 async def test_idle_timeout_is_idle_timeout(server_factory: Any, protocol: int) -> None:
     srv = await server_factory({"server": {"idle_timeout_s": 0.5, "ping_interval_s": 30}})
-    async with EdgeVisionClient(srv.ws_url, protocol=protocol, resume=False) as client:
+    async with camera_client(srv.ws_url, protocol=protocol, resume=False) as client:
         with pytest.raises(errors.IdleTimeout) as info:
             await asyncio.wait_for(results_until_closed(client), T(20))
     assert info.value.resumable
@@ -260,13 +261,11 @@ async def test_idle_timeout_is_idle_timeout(server_factory: Any, protocol: int) 
 async def test_a_newer_connection_resuming_the_session_is_session_superseded(
     server: RunningServer, protocol: int
 ) -> None:
-    first = EdgeVisionClient(server.ws_url, protocol=protocol)
+    first = camera_client(server.ws_url, protocol=protocol)
     await first.connect()
     reading = asyncio.create_task(results_until_closed(first))
     # Protocol 2 sends the token as a subprotocol entry, protocol 1 as ?resume=.
-    second = EdgeVisionClient(
-        server.ws_url, protocol=protocol, resume_token=first.hello.resume_token
-    )
+    second = camera_client(server.ws_url, protocol=protocol, resume_token=first.hello.resume_token)
     await second.connect()
     assert second.hello.resumed and second.hello.session_id == first.hello.session_id
     with pytest.raises(errors.SessionSuperseded) as info:
@@ -279,7 +278,7 @@ async def test_a_newer_connection_resuming_the_session_is_session_superseded(
 
 async def test_a_message_over_the_limit_is_message_too_big(server_factory: Any) -> None:
     srv = await server_factory({"server": {"max_message_bytes": 4096}})
-    async with EdgeVisionClient(srv.ws_url, resume=False) as client:
+    async with camera_client(srv.ws_url, resume=False) as client:
         assert client.hello.limits.max_message_bytes == 4096
         pending = await client.send(JPG)  # ~30 kB
         with pytest.raises(errors.MessageTooBig) as info:
@@ -290,7 +289,7 @@ async def test_a_message_over_the_limit_is_message_too_big(server_factory: Any) 
 
 
 async def test_closing_the_client_ends_results_and_the_session(server: RunningServer) -> None:
-    client = EdgeVisionClient(server.ws_url)
+    client = camera_client(server.ws_url)
     await client.connect()
     reading = asyncio.create_task(results_until_closed(client))
     await client.close()
@@ -349,7 +348,7 @@ async def test_resume_on_the_other_node_after_sigterm(
         await asyncio.gather(*(node.wait_ready() for node in nodes.values()))
         nginx = await asyncio.to_thread(Nginx, tmp_path / "nginx", [n.port for n in nodes.values()])
         await asyncio.to_thread(nginx.start)
-        async with EdgeVisionClient(nginx.ws_url, mode="every", retry_s=T(30)) as client:
+        async with camera_client(nginx.ws_url, mode="every") as client:
             first = client.hello
             await client.settings(confidence=0.35)
             for i in range(3):

@@ -1,4 +1,10 @@
-"""WebSocket client helpers shared by the functional tests."""
+"""WebSocket client helpers shared by the functional tests.
+
+Tests that stream as a camera would use the product's client, edge_vision.client, through
+:func:`camera_client` (timeouts scaled by TEST_TIME_FACTOR). The raw helpers below stay
+for tests that must send what no well-behaved client sends (malformed messages, floods)
+or read the wire exactly.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,17 @@ from typing import Any
 import aiohttp
 import orjson
 
+from edge_vision.client import EdgeVisionClient
 from edge_vision.receive import encode_binary_frame, encode_json_frame
 
 from .timing import T
+
+
+def camera_client(url: str, **kw: Any) -> EdgeVisionClient:
+    """edge_vision.client for ``url``, its waits scaled for slow machines (``async with``)."""
+    kw.setdefault("retry_s", T(30))
+    kw.setdefault("reply_timeout_s", T(30))
+    return EdgeVisionClient(url, **kw)
 
 
 def frame_json(frame_id: Any, ts: Any, image: bytes, data_url: bool = False) -> str:
