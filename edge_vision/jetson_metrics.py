@@ -311,6 +311,7 @@ class JetsonCollector(Collector):
         self.root = root
         self.tegrastats_log = tegrastats_log
         self._last_cpu: tuple[int, int] | None = None
+        self._last_cpu_load: float | None = None
 
     def read(self) -> JetsonReading:
         root = self.root
@@ -327,8 +328,14 @@ class JetsonCollector(Collector):
         now = parse_proc_stat(stat_text) if stat_text is not None else None
         if now is not None:
             # First scrape: since boot (the counters' own start); later: since the last one.
-            r.cpu_load = cpu_load_between(self._last_cpu or (0, 0), now)
-            self._last_cpu = now
+            # Two scrapes within one jiffy (10 ms) see no time pass: keep the last figure.
+            before = self._last_cpu or (0, 0)
+            load = cpu_load_between(before, now)
+            if load is not None or now[1] < before[1]:  # counters went back: a new start
+                self._last_cpu = now
+            if load is not None:
+                self._last_cpu_load = load
+            r.cpu_load = self._last_cpu_load
         if self.tegrastats_log is not None:
             line = last_line(self.tegrastats_log)
             if line is not None:

@@ -181,6 +181,8 @@ def test_cpu_load_is_measured_between_two_scrapes(tmp_path: Path) -> None:
     collector.read()
     (root / "proc/stat").write_text("cpu  1020 0 5 2075 0 0 0 0 0 0\n")
     assert collector.read().cpu_load == pytest.approx(0.25)
+    # A scrape that sees no jiffy pass (the same counters) keeps the last figure.
+    assert collector.read().cpu_load == pytest.approx(0.25)
 
 
 def test_collector_exports_prometheus_names_with_labels(tmp_path: Path) -> None:
