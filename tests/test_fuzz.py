@@ -279,3 +279,18 @@ def test_the_base64_check_refuses_what_the_decoder_refuses() -> None:
     for bad in (b"AAAAA", b"A===", b"AA=A", b"AA AA", b"AA\nA", b"%%%%"):
         with pytest.raises(Exception, match="base64"):
             check_base64_alphabet(bad)
+
+
+@pytest.mark.parametrize("size_mb", [12, 60])
+async def test_a_client_still_writing_an_oversized_message_receives_1009(
+    server_factory: Any, size_mb: int
+) -> None:
+    """Issue 12: the server closed the socket under a client writing 60 MB, which saw only
+    "connection lost". Now it lingers (server.close_linger_s) and the client gets 1009."""
+    srv = await server_factory({"server": {"max_message_bytes": 8 * 1024 * 1024}})
+    async with aiohttp.ClientSession() as http:
+        ws, _ = await connect(http, srv.ws_url)
+        await ws.send_bytes(b"\x00" * (size_mb * 1024 * 1024))  # must not raise
+        msg = await ws.receive(timeout=T(30))
+        assert msg.type is aiohttp.WSMsgType.CLOSE, (msg.type, msg.data)
+        assert msg.data == 1009 and ws.close_code == 1009, (msg.data, ws.close_code)
