@@ -150,7 +150,9 @@ def _server_argv(args: argparse.Namespace, port: int) -> list[str]:
         argv += ["--engine", args.engine]
     for s in args.set:
         argv += ["--set", s]
+    # Every simulated camera connects from 127.0.0.1: no per-address share applies here.
     argv += ["--set", "server.max_connections=4096"]
+    argv += ["--set", "limits.max_connections_per_address=4096"]
     return argv
 
 
