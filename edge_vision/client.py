@@ -45,12 +45,13 @@ import aiohttp
 import orjson
 
 from .aio import cancel_and_wait
+from .auth import RESUME_ENTRY, SUBPROTOCOL
+from .close_codes import CloseCode
 from .errors import (
     AccessForbidden,
     AuthenticationFailed,
     ConnectFailed,
     ConnectionClosed,
-    ConnectionLimited,
     ConnectionLost,
     FrameDropped,
     FrameRejected,
@@ -77,27 +78,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The subprotocol and its resume entry (edge_vision/auth.py names them for the server).
-SUBPROTOCOL = "edge-vision"
-RESUME_ENTRY = "edge-vision.resume."
 
 Mode = Literal["latest", "every"]
 Wire = Literal["binary", "json"]
 FrameId = int | str
 
-#: Close codes of protocol 2 (edge_vision/close_codes.py) → the exception a client raises.
+#: Close codes of protocol 2 (edge_vision/close_codes.py) → the exception a client raises;
+#: 1001 and 1008 depend on more than the code (see EdgeVisionClient._classify).
 _CLOSED_BY_CODE: Mapping[int, type[ConnectionClosed]] = {
-    1000: SessionEnded,
-    1002: ProtocolViolation,
-    1007: ProtocolViolation,
-    1009: MessageTooBig,
+    CloseCode.NORMAL: SessionEnded,
+    CloseCode.PROTOCOL_ERROR: ProtocolViolation,
+    CloseCode.INVALID_PAYLOAD: ProtocolViolation,
+    CloseCode.MESSAGE_TOO_BIG: MessageTooBig,
+    CloseCode.SUPERSEDED: SessionSuperseded,
+    CloseCode.TOKEN_EXPIRED: TokenExpired,
+    CloseCode.SLOW_CLIENT: SlowClient,
+    CloseCode.IDLE_TIMEOUT: IdleTimeout,
+    # RFC 6455 section 7.4.1 codes edge_vision does not send, but a proxy or peer may.
     1011: ServerFailed,
     1013: ServerOverloaded,
-    4000: SessionSuperseded,
-    4001: TokenExpired,
-    4002: SlowClient,
-    4003: IdleTimeout,
-    4004: ConnectionLimited,
 }
 
 _UNSET: Any = object()

@@ -28,10 +28,9 @@
         │   ├── SlowClient             4002 (protocol 1: 1008 "not reading")
         │   ├── SessionSuperseded      4000 (protocol 1: 1008 "resumed elsewhere")
         │   ├── TokenExpired           4001
-        │   ├── ConnectionLimited      4004
         │   ├── MessageTooBig          1009
-        │   ├── ServerOverloaded       1013
-        │   ├── ServerFailed           1011
+        │   ├── ServerOverloaded       1013 (RFC 6455 peers, proxies; edge_vision sends none)
+        │   ├── ServerFailed           1011 (RFC 6455 peers, proxies; edge_vision sends none)
         │   ├── ProtocolViolation      1002, 1007, 1008 otherwise
         │   └── ConnectionLost         no close frame (1006): the network or the server died
         ├── FrameDropped               the server dropped this frame (latest-wins, or closed on it)
@@ -220,12 +219,6 @@ class SessionSuperseded(ConnectionClosed):
 
 class TokenExpired(ConnectionClosed):
     """The credential this connection was admitted with expired: reconnect with a new one."""
-
-    resumable = True
-
-
-class ConnectionLimited(ConnectionClosed):
-    """A connection limit was reached after this socket was accepted."""
 
     resumable = True
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
+from .close_codes import CloseCode
 from .errors import UnsupportedProtocol
 from .receive import PROTOCOL_VERSION, SUPPORTED_VERSIONS
 
@@ -72,8 +73,8 @@ PROTOCOLS: Final[Mapping[int, ProtocolVersion]] = MappingProxyType(
         1: ProtocolVersion(
             1,
             # v1 closed an idle connection with 1001, as for a shutdown (but without a
-            # closing message); 4003 is close_codes.CloseCode.IDLE_TIMEOUT.
-            close_codes=MappingProxyType({4003: 1001}),
+            # closing message).
+            close_codes=MappingProxyType({CloseCode.IDLE_TIMEOUT: CloseCode.GOING_AWAY}),
             # v1 documented one code for every other policy close: 1008 (docs/protocol.md).
             app_close_fallback=1008,
             # v1 results and settings answers have exactly the fields v1 documented.

@@ -318,8 +318,7 @@ async def test_closing_the_client_ends_results_and_the_session(server: RunningSe
         (4001, "", False, errors.TokenExpired),
         (4002, "", False, errors.SlowClient),
         (4003, "", False, errors.IdleTimeout),
-        (4004, "", False, errors.ConnectionLimited),
-        (4999, "", False, errors.ConnectionClosed),
+        (4004, "", False, errors.ConnectionClosed),
     ],
 )
 def test_every_close_code_has_its_exception(
@@ -394,3 +393,15 @@ def test_since_protocol_2_the_resume_token_stays_out_of_the_url() -> None:
     v1 = EdgeVisionClient("ws://node:8080/ws", protocol=1)
     url, entries = v1._handshake("sess.tok")
     assert "resume=sess.tok" in url and "protocol=1" in url and entries == ()
+
+
+def test_every_close_code_the_server_sends_has_its_own_exception() -> None:
+    """edge_vision/close_codes.py is the server's table: each code maps to a subclass."""
+    from edge_vision.close_codes import CLOSE_REASONS
+
+    client = EdgeVisionClient("ws://127.0.0.1:1/ws")
+    for code, reason in CLOSE_REASONS.items():
+        closing = "tok" if code == 1001 else None  # the server's 1001 follows a closing
+        exc = client._classify(int(code), "", closing)
+        assert type(exc) is not errors.ConnectionClosed, code
+        assert exc.resumable == reason.resumable, (code, exc, reason)
