@@ -286,7 +286,7 @@ class Connection:
     def _result_text(self, res: FrameResult) -> str:
         s = self.session
         tracks = None
-        if s.track and self.protocol.at_least(2):
+        if s.track and self.protocol.track_ids:  # not for v1 (versions.py)
             tracks = self.tracker.update(res.detections, res.frame.received_at).tolist()
         return reply.result(res, self.ctx.label, s.dropped, tracks)
 

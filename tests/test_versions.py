@@ -5,7 +5,10 @@ The table is tested as a plain object; the negotiation through a real server on 
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
+import orjson
 import pytest
 
 from edge_vision.errors import UnsupportedProtocol
@@ -96,3 +99,25 @@ async def test_unknown_version_is_refused_with_400_listing_the_served_ones(
     assert body["error"] == "unsupported_protocol"
     assert body["protocols"] == [1, 2]
     assert "serves 1, 2" in body["message"]
+
+
+async def test_protocol_1_results_and_settings_answers_keep_their_v1_fields(
+    server: RunningServer,
+) -> None:
+    """The table's flags: track ids and the settings extras are protocol 2 only."""
+    scene = text_scene(960, 540, texts=[("LOT 0042", (300, 200))])
+    got: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+    async with aiohttp.ClientSession() as s:
+        for version in (1, 2):
+            ws, _ = await connect(s, server.ws_url + f"?protocol={version}&mode=every")
+            await ws.send_str(orjson.dumps({"type": "settings", "confidence": 0.3}).decode())
+            answer = await recv_type(ws, "settings")
+            await ws.send_bytes(frame_binary(1, 1.0, scene.jpeg()))
+            got[version] = (answer, await recv_type(ws, "result"))
+            await ws.close()
+    (v1_settings, v1_result), (v2_settings, v2_result) = got[1], got[2]
+    assert set(v1_settings) == {"type", "mode", "confidence", "classes"}
+    assert v1_result["detections"] and all("track" not in d for d in v1_result["detections"])
+    assert PROTOCOLS[2].track_ids and PROTOCOLS[2].settings_extras
+    assert {"track", "input_size"} <= set(v2_settings)
+    assert all(isinstance(d["track"], int) for d in v2_result["detections"])
