@@ -184,6 +184,9 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
         print(f"up to date: {ready.plan_path} (built {rec.built_at}; --force rebuilds)")
     print(f"record: {json_path}")
     print(f"key: {ready.key.digest} ({ready.key.machine()}, {ready.key.precision})")
+    gate = ready.int8_gate or rec.extra.get("int8_gate")  # INT8: the accuracy gate's figures
+    if gate:
+        print(gate["summary"])
     same = f" --config {args.config}" if args.config else ""
     print(f"serve with the same configuration uses it: edge-vision serve --engine tensorrt{same}")
     return 0

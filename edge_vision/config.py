@@ -197,6 +197,21 @@ class TensorRTConfig(_Section):
     )
     calibration_frames: int = Field(256, ge=1, description="Frames used for INT8 calibration.")
     calibration_batch: int = Field(8, ge=1, description="Frames per INT8 calibration batch.")
+    int8_min_agreement: float = Field(
+        0.95,
+        ge=0,
+        le=1,
+        description="INT8 accuracy gate: after an INT8 build, the plan's detections on "
+        "held-back calibration frames must match ONNX Runtime's this well (the lower of "
+        "recall and precision at IoU 0.5), else the plan is refused and FP16 is used. "
+        "0 turns the gate off.",
+    )
+    int8_gate_frames: int = Field(
+        32,
+        ge=1,
+        description="Frames of the calibration source, after those calibration used, that "
+        "the INT8 gate runs on.",
+    )
     build_if_missing: bool = Field(
         True, description="serve builds the plan once when none matches the current key."
     )

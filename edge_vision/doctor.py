@@ -373,9 +373,12 @@ class Doctor:
             }
             if found.status == "found" and not self.options.build:
                 details["plan"] = str(found.plan_path)
-                return Check(
-                    "tensorrt plan", PASS, f"{found.plan_path} matches {key.stem}", details
-                )
+                summary = f"{found.plan_path} matches {key.stem}"
+                gate = found.record.extra.get("int8_gate") if found.record else None
+                if gate:
+                    details["int8_gate"] = gate
+                    summary += f"; {gate['summary']}"
+                return Check("tensorrt plan", PASS, summary, details)
             if not self.options.build:
                 why = [f"no plan for key {key.stem} in {engine_dir}"]
                 for other in found.others[:1]:
@@ -390,11 +393,12 @@ class Doctor:
             rt.close()
         rec = ready.record
         details.update(plan=str(ready.plan_path), build_seconds=rec.build_seconds)
-        gate = getattr(rec, "int8_gate", None) or getattr(ready, "int8_gate", None)
-        summary = f"built {ready.plan_path.name} in {rec.build_seconds:.1f} s ({key.precision})"
-        if gate:
+        gate = ready.int8_gate or rec.extra.get("int8_gate")
+        precision = ready.key.precision
+        summary = f"built {ready.plan_path.name} in {rec.build_seconds:.1f} s ({precision})"
+        if gate:  # an INT8 build: the accuracy gate's figures (FP16 is used when it refused)
             details["int8_gate"] = gate
-            summary += f"; INT8 gate: {gate.get('summary', gate)}"
+            summary += f"; {gate['summary']}"
         return Check("tensorrt plan", PASS, summary, details)
 
     def _plan_config(self) -> Config:
@@ -436,6 +440,10 @@ class Doctor:
         # doctor runs the plan that is there (or that --build made); it never builds one
         # behind the user's back while measuring.
         config.engine.tensorrt.build_if_missing = False
+        if kind in ("torch", "tensorrt") and config.decode.device == "host":
+            # Next to a CUDA engine, try the GPU JPEG decoder too (auto: when torchvision
+            # can decode on this GPU): the report says which decoder served the frame.
+            config.decode.device = "auto"
         if kind == "torch" and self.config.engine.kind != "torch":
             config.engine.torch.device = "cuda:0"
             config.engine.torch.fp16 = True

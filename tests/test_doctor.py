@@ -127,15 +127,22 @@ def test_a_check_that_breaks_is_one_fail_line_not_a_traceback(
     assert checks["platform"].status == "info"  # the others still ran
 
 
-def test_doctor_builds_a_plan_and_compares_tensorrt_with_onnxruntime_mock_tensorrt(
+@pytest.fixture
+def mock_gpu(
     mock_trt: tuple[MockState, types.ModuleType],  # noqa: F811 - the imported fixture
     monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-) -> None:
+) -> MockState:
+    """The mock TensorRT and CUDA layer, also where doctor probes the layers (as one)."""
     state, _ = mock_trt
-    # doctor probes the CUDA layers itself: give it the mock GPU, as one layer.
     monkeypatch.setattr("edge_vision.cuda.open_runtime", lambda *a, **k: MockCudaRuntime(state))
     monkeypatch.setattr("edge_vision.cuda.base._BACKENDS", {"cuda-python": ("mock", "Mock")})
+    return state
+
+
+def test_doctor_builds_a_plan_and_compares_tensorrt_with_onnxruntime_mock_tensorrt(
+    mock_gpu: MockState, tmp_path: Path
+) -> None:
+    state = mock_gpu
     config = make_config(
         {
             "engine": {
@@ -176,3 +183,26 @@ def test_doctor_builds_a_plan_and_compares_tensorrt_with_onnxruntime_mock_tensor
 
     after = Doctor(config, DoctorOptions(), out=lines.append).check_plan()
     assert after.status == PASS and after.summary.endswith("matches " + plan.details["stem"])
+
+
+def test_doctor_build_runs_the_int8_gate_and_prints_the_agreement_mock_tensorrt(
+    mock_gpu: MockState, tmp_path: Path
+) -> None:
+    from .support.video import write_image_folder
+
+    write_image_folder(tmp_path / "frames", 480, 270, frames=6)
+    tensorrt = {
+        "engine_dir": str(tmp_path / "engines"),
+        "precision": "int8",
+        "calibration_source": str(tmp_path / "frames"),
+        "calibration_frames": 4,
+        "calibration_batch": 2,
+        "int8_gate_frames": 2,
+    }
+    config = make_config({"engine": {"kind": "tensorrt", "max_batch": 2, "tensorrt": tensorrt}})
+    plan = Doctor(config, DoctorOptions(build=True), out=lambda _: None).check_plan()
+    assert plan.status == PASS, plan
+    assert "INT8 accepted: agreement 1.000 (min 0.95)" in plan.summary
+    assert plan.details["int8_gate"]["held_back"] is True
+    again = Doctor(config, DoctorOptions(), out=lambda _: None).check_plan()
+    assert "matches" in again.summary and "INT8 accepted" in again.summary

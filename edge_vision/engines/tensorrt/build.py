@@ -11,6 +11,7 @@ drives it with a fake module.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import warnings
@@ -26,6 +27,7 @@ from ...config import Config
 from ...cuda import CudaRuntime, open_runtime
 from ...errors import ConfigError, EdgeVisionError, EngineError, ModelError
 from ...models import ModelSpec
+from . import int8_gate
 from .calibration import calibration_batches, calibration_frames, entropy_calibrator
 from .library import SINK, import_tensorrt, trt_logger
 from .onnx_adapter import (
@@ -275,6 +277,9 @@ class PlanReady:
     plan_path: Path
     record: PlanRecord
     built: bool  # this call built it
+    # The INT8 gate's figures when this call judged an INT8 plan (int8_gate.py); with
+    # "accepted": false the plan here is the FP16 one used instead.
+    int8_gate: dict[str, Any] | None = None
 
 
 def ensure_plan(
@@ -296,6 +301,12 @@ def ensure_plan(
     found = lookup_plan(engine_dir, key)
     if found.status == "found" and found.record is not None and not force:
         return PlanReady(key, found.plan_path, found.record, False)
+    refused = int8_gate.earlier_refusal(config, key)
+    if refused is not None and not force:  # refused before: FP16, without building INT8 again
+        int8_gate.log_fallback(refused["summary"], int8_gate.refusal_path(engine_dir, key))
+        fp16_config = int8_gate.fp16_config(config)
+        fp16 = ensure_plan(trt, rt, spec, fp16_config, progress, build_if_missing=build_if_missing)
+        return dataclasses.replace(fp16, int8_gate=refused)
     failed = _BUILD_FAILURES.get(key.digest)
     if failed is not None and not force:
         # The service retries its primary engine while degraded; a build that failed
@@ -337,7 +348,15 @@ def ensure_plan(
             calibration=result.calibration,
             edge_vision_version=__version__,
         )
-        plan_path, json_path = write_plan_atomically(engine_dir, key, result.plan, record)
+        gate = int8_gate.run_gate(spec, config, key, result.plan, record)
+        if gate is None or gate.accepted:
+            plan_path, json_path = write_plan_atomically(engine_dir, key, result.plan, record)
+        else:
+            refusal = int8_gate.record_refusal(engine_dir, key, gate)
+    if gate is not None and not gate.accepted:
+        int8_gate.log_fallback(gate.summary(), refusal)
+        fp16 = ensure_plan(trt, rt, spec, int8_gate.fp16_config(config), progress)
+        return dataclasses.replace(fp16, int8_gate=gate.as_dict())
     log.info(
         "TensorRT plan built in %.1f s: %s (%d bytes), record %s",
         result.seconds,
@@ -345,7 +364,7 @@ def ensure_plan(
         len(result.plan),
         json_path.name,
     )
-    return PlanReady(key, plan_path, record, True)
+    return PlanReady(key, plan_path, record, True, gate.as_dict() if gate else None)
 
 
 def _rebuild(config: Config, key: PlanKey) -> str:

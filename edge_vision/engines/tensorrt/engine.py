@@ -257,7 +257,10 @@ class TensorRTEngine(GpuEngine[_Slot, _Layout]):
                 tensorrt=self.plan.key.tensorrt_version,
                 gpu=self.plan.key.gpu_name,
                 built_now=self.plan.built,
+                precision=self.plan.key.precision,  # fp16 when the INT8 gate refused int8
             )
+            if self.plan.int8_gate is not None:
+                d["int8_gate"] = self.plan.int8_gate["summary"]
         if self.profile is not None:
             d["profile"] = self.profile.as_json()
         return d
