@@ -162,6 +162,14 @@ class ModelConfig(_Section):
     input_size: int = Field(
         640, ge=32, description="Target long side of the engine input, before stride rounding."
     )
+    input_sizes: list[int] = Field(
+        default_factory=lambda: [640, 960, 1280],
+        description="Long sides a session may choose instead (settings.input_size, since "
+        "protocol 2): a small set, so batches, CUDA graphs and TensorRT profiles stay "
+        "bounded. Sizes above max_side are not offered; with engine.kind tensorrt neither "
+        "are sizes above input_size (the plan's profile ends there). docs/results.md "
+        "gives agreement and CPU frames/s per size.",
+    )
     stride: int = Field(32, ge=1, description="Input sides are multiples of this.")
     min_side: int = Field(32, ge=1, description="Smallest input side the engine accepts.")
     max_side: int = Field(1280, ge=32, description="Largest input side the engine accepts.")
@@ -647,6 +655,14 @@ def load_config(
         return Config.model_validate(tree)
     except ValidationError as e:
         raise ConfigError(_format_errors(e)) from None
+
+
+def session_input_sizes(config: Config) -> list[int]:
+    """The input sizes a session may choose (``model.input_sizes``, with the configured
+    ``model.input_size`` always among them) that the configured engine can run."""
+    m = config.model
+    top = m.input_size if config.engine.kind == "tensorrt" else m.max_side
+    return sorted({s for s in m.input_sizes if 32 <= s <= top} | {m.input_size})
 
 
 def dump_config(config: Config) -> str:

@@ -29,7 +29,7 @@ from .admit import Admission
 from .aio import cancel_and_wait, with_timeout, within
 from .budget import FrameLedger, frame_cost, wait_for_room
 from .close_codes import CloseCode
-from .config import Config
+from .config import Config, session_input_sizes
 from .errors import ClientError, EngineError, FrameSuperseded
 from .metrics import Metrics
 from .pipeline import FramePipeline, FrameResult
@@ -438,17 +438,30 @@ class Connection:
 
     async def _apply_settings(self, msg: SettingsMessage) -> None:
         s = self.session
+        sizes = session_input_sizes(self.ctx.config)
+        if msg.input_size is not None and msg.input_size not in sizes:
+            # Refused as a whole, like any bad_settings: nothing of it is applied.
+            err = ClientError("bad_settings", f"'input_size' must be one of {sizes} or null")
+            self.ctx.metrics.frames_rejected.labels(err.code).inc()
+            await self.send(reply.client_error(err))
+            return
         if msg.confidence is not None:
             s.confidence = msg.confidence
         if msg.classes is not None or msg.clear_classes:
             s.classes = msg.classes
         if msg.track is not None:
             s.track = msg.track
+        if msg.input_size is not None or msg.clear_input_size:
+            s.input_size = msg.input_size
         if msg.mode is not None and msg.mode != s.mode:
             s.mode = msg.mode
             self._frames_dropped(await self.admission.set_mode(msg.mode))
             async with self._capacity:
                 self._capacity.notify_all()
         self.ctx.keeper.touch(s)
-        track = s.track if self.protocol.at_least(2) else None
-        await self.send(reply.settings(s.mode, s.confidence, s.classes, track))
+        extra = (
+            {"track": s.track, "input_size": s.input_size}
+            if self.protocol.settings_extras  # not for v1 (versions.py)
+            else None
+        )
+        await self.send(reply.settings(s.mode, s.confidence, s.classes, extra))

@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cv2
 import numpy as np
@@ -46,10 +46,12 @@ U8Array = npt.NDArray[np.uint8]
 
 @dataclass(frozen=True, slots=True)
 class FrameSettings:
-    """What a session asked for: score threshold and class filter."""
+    """What a session asked for: score threshold, class filter and input size."""
 
     confidence: float
     classes: frozenset[int] | None = None
+    # Target long side of the engine input (one of model.input_sizes); None: the server's.
+    input_size: int | None = None
 
 
 @dataclass(slots=True)
@@ -125,6 +127,8 @@ class FramePipeline:
                 unclip_ratio=m.dbnet.unclip_ratio,
                 max_candidates=m.dbnet.max_candidates,
                 min_size=m.dbnet.min_size,
+                dilate=m.dbnet.dilate,
+                max_height_fraction=m.dbnet.max_height_fraction,
             )
         return self._head
 
@@ -138,14 +142,18 @@ class FramePipeline:
         """Decode and letterbox one frame on the host (worker thread)."""
         return self.decode_request(self.request_for(frame))
 
-    def request_for(self, frame: FrameMessage) -> DecodeRequest:
-        """The header read and the pixel limit checked, on the host, before any decode."""
+    def request_for(self, frame: FrameMessage, input_size: int | None = None) -> DecodeRequest:
+        """The header read and the pixel limit checked, on the host, before any decode.
+        ``input_size``: the session's target long side instead of ``model.input_size``."""
         t0 = time.perf_counter()
         data = decode_base64(frame.image) if frame.image_is_base64 else frame.image
         header = read_image_header(data)
         check_pixel_limit(header, self.config.server.max_pixels)
         # One plan per frame: it sets both the DCT-downscale floor and the letterbox.
-        lb = plan_for_frame(header.width, header.height, self.service.spec.limits)
+        limits = self.service.spec.limits
+        if input_size is not None and input_size != limits.target:
+            limits = replace(limits, target=input_size)
+        lb = plan_for_frame(header.width, header.height, limits)
         return DecodeRequest(data, header, lb, t0)
 
     def decode_request(self, request: DecodeRequest) -> _Prepared:
@@ -190,9 +198,11 @@ class FramePipeline:
         taken_at = time.perf_counter() if taken_at is None else taken_at
         try:
             if frame.image_is_base64:  # base64 of a large frame is worth a worker
-                request = await loop.run_in_executor(self.executor, self.request_for, frame)
+                request = await loop.run_in_executor(
+                    self.executor, self.request_for, frame, settings.input_size
+                )
             else:
-                request = self.request_for(frame)
+                request = self.request_for(frame, settings.input_size)
             engine = self.service.engine
             on_device = engine is not None and engine.accepts_device_frames
             prep = await self.decoding.decode(request, device=on_device)

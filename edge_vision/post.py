@@ -85,7 +85,34 @@ class Head(Protocol):
 
 @dataclass(frozen=True)
 class DbnetHead:
-    """DB post-processing of a ``[1, H, W]`` text probability map."""
+    """DB post-processing of a ``[1, H, W]`` text probability map, step for step as PP-OCR's
+    reference ``DBPostProcess`` (shipped in the rapidocr wheel as ``ch_ppocr_det``) does it.
+
+    1. binarise at ``bin_threshold`` (0.3), only inside the letterboxed frame;
+    2. dilate the bitmap with a 2×2 kernel (``use_dilation``: joins characters a thin gap
+       splits, so small text such as a name tag becomes one kernel);
+    3. outer contours, at most ``max_candidates``; the minimum-area rectangle of each, dropped
+       when its short side is under ``min_size``;
+    4. box score "fast": the mean probability inside that rectangle (its corners truncated to
+       whole pixels, as the reference's ``fillPoly`` gets them), dropped under ``confidence``;
+    5. unclip: the rectangle offset outwards by ``D = A · unclip_ratio / L`` (area over
+       perimeter; the paper's section 3.5), as a polygon offset of the whole-pixel corners
+       with round joins would, then the minimum-area rectangle of that, dropped when its short
+       side is under ``min_size + 2``;
+    6. into frame pixels, rounded to whole pixels and clipped to the frame; boxes with a side
+       of 3 frame pixels or less are dropped (the reference's ``filter_det_res``).
+
+    The service returns the axis-aligned box of that rectangle.
+
+    One step the reference does not have: a box whose short side (the text's height) after
+    the unclip is more than ``max_height_fraction`` of the frame's short side is dropped.
+    On photos without fine structure (a cup, a silhouette, a smooth gradient) the model
+    answers with one soft blob centred in its input whose size follows the *input*, about
+    0.6 × its height and 0.8 × its width at every input size tried (640, 960, 1280); the
+    unclip then grows it by ``D = A · r / L`` (over 100 input pixels) past every edge, so
+    it came back as one box covering the whole frame at 0.7-0.9 (docs/results.md). Text
+    whose line is taller than the frame is not text a frame can show whole.
+    """
 
     bin_threshold: float = 0.3
     unclip_ratio: float = 1.6
@@ -93,48 +120,82 @@ class DbnetHead:
     min_size: float = 3.0
     max_detections: int = 300
     name: str = "dbnet"
+    dilate: bool = True
+    max_height_fraction: float = 0.9
 
     def decode(self, outputs: Sequence[np.ndarray], lb: Letterbox, confidence: float) -> F32Array:
         prob = np.asarray(outputs[0], dtype=np.float32).reshape(outputs[0].shape[-2:])
         # Only the letterboxed frame, not the padding, can hold text.
         region = prob[lb.pad_y : lb.pad_y + lb.new_h, lb.pad_x : lb.pad_x + lb.new_w]
         bitmap = np.greater(region, self.bin_threshold).view(np.uint8)  # bool -> 0/1, no copy
+        if self.dilate:
+            bitmap = np.asarray(cv2.dilate(bitmap, _DILATION_KERNEL), np.uint8)
         contours, _ = cv2.findContours(bitmap, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
         rows: list[tuple[float, float, float, float, float]] = []
-        h, w = region.shape
         for contour in contours[: self.max_candidates]:
-            (cx, cy), (rw, rh), angle = cv2.minAreaRect(contour)
-            if min(rw, rh) < self.min_size:
+            rect = cv2.minAreaRect(contour)
+            if min(rect[1]) < self.min_size:
                 continue
-            score = self._box_score(region, cv2.boxPoints(((cx, cy), (rw, rh), angle)))
+            corners = cv2.boxPoints(rect)
+            score = _mean_inside(region, corners)
             if score < confidence:
                 continue
-            # Unclip: the model predicts a shrunk kernel; grow it back by D = A * r / L.
-            d = rw * rh * self.unclip_ratio / (2.0 * (rw + rh))
-            grown = cv2.boxPoints(((cx, cy), (rw + 2 * d, rh + 2 * d), angle))
-            if min(rw, rh) + 2 * d < self.min_size + 2:
+            grown = _unclip(corners, self.unclip_ratio)
+            if min(grown[1]) < self.min_size + 2:
                 continue
-            x1, y1 = np.clip(grown.min(axis=0), 0, (w, h))
-            x2, y2 = np.clip(grown.max(axis=0), 0, (w, h))
-            rows.append((x1 + lb.pad_x, y1 + lb.pad_y, x2 + lb.pad_x, y2 + lb.pad_y, score))
+            if min(grown[1]) > self.max_height_fraction * min(region.shape):
+                continue  # taller than the frame can hold: a whole-image response, not text
+            pts = cv2.boxPoints(grown)
+            rows.append((*pts.min(axis=0), *pts.max(axis=0), score))
         if not rows:
             return empty_detections()
         dets = np.zeros((len(rows), 6), np.float32)
         dets[:, :5] = rows
-        return _finish(dets, lb, self.max_detections)
+        # Map region pixels to frame pixels: the region starts at the letterbox's origin.
+        sx, sy = lb.src_w / lb.new_w, lb.src_h / lb.new_h
+        dets[:, [0, 2]] = np.clip(np.round(dets[:, [0, 2]] * sx), 0, lb.src_w)
+        dets[:, [1, 3]] = np.clip(np.round(dets[:, [1, 3]] * sy), 0, lb.src_h)
+        big = (dets[:, 2] - dets[:, 0] > 3) & (dets[:, 3] - dets[:, 1] > 3)
+        dets = dets[big]
+        return np.ascontiguousarray(
+            dets[np.argsort(-dets[:, 4], kind="stable")][: self.max_detections]
+        )
 
-    @staticmethod
-    def _box_score(prob: F32Array, points: npt.NDArray[Any]) -> float:
-        """Mean probability inside the box polygon (DB's 'fast' box score)."""
-        h, w = prob.shape
-        xmin = int(np.clip(np.floor(points[:, 0].min()), 0, w - 1))
-        xmax = int(np.clip(np.ceil(points[:, 0].max()), 0, w - 1))
-        ymin = int(np.clip(np.floor(points[:, 1].min()), 0, h - 1))
-        ymax = int(np.clip(np.ceil(points[:, 1].max()), 0, h - 1))
-        mask = np.zeros((ymax - ymin + 1, xmax - xmin + 1), np.uint8)
-        local = (points - (xmin, ymin)).round().astype(np.int32)
-        cv2.fillPoly(mask, [local], 1)
-        return float(cv2.mean(prob[ymin : ymax + 1, xmin : xmax + 1], mask)[0])
+
+_DILATION_KERNEL = np.ones((2, 2), np.uint8)
+
+RotatedRect = tuple[tuple[float, float], tuple[float, float], float]
+
+
+def _mean_inside(prob: F32Array, corners: npt.NDArray[Any]) -> float:
+    """Mean probability inside a rectangle (DB's 'fast' box score).
+
+    The corners are truncated towards zero to whole pixels before filling, as the reference
+    does (``astype(int32)``); rounding instead shifts small boxes by a pixel."""
+    h, w = prob.shape
+    xmin = int(np.clip(np.floor(corners[:, 0].min()), 0, w - 1))
+    xmax = int(np.clip(np.ceil(corners[:, 0].max()), 0, w - 1))
+    ymin = int(np.clip(np.floor(corners[:, 1].min()), 0, h - 1))
+    ymax = int(np.clip(np.ceil(corners[:, 1].max()), 0, h - 1))
+    mask = np.zeros((ymax - ymin + 1, xmax - xmin + 1), np.uint8)
+    local = (corners - (xmin, ymin)).astype(np.int32)
+    cv2.fillPoly(mask, [local], 1)
+    return float(cv2.mean(prob[ymin : ymax + 1, xmin : xmax + 1], mask)[0])
+
+
+def _unclip(corners: npt.NDArray[Any], ratio: float) -> RotatedRect:
+    """The minimum-area rectangle of a rectangle offset outwards by ``D = A · ratio / L``.
+
+    ``A`` and ``L`` are the area and perimeter of the rectangle as found (not rounded). The
+    reference offsets the polygon with Clipper, which works on integer coordinates (it
+    truncates the corners) and joins corners with arcs; an arc never reaches beyond the
+    offset edges, so the minimum-area rectangle of that offset polygon is the truncated
+    polygon's own minimum-area rectangle with each side moved out by ``D``."""
+    w = float(np.hypot(*(corners[1] - corners[0])))
+    h = float(np.hypot(*(corners[2] - corners[1])))
+    distance = w * h * ratio / (2.0 * (w + h)) if w + h > 0 else 0.0
+    (cx, cy), (rw, rh), angle = cv2.minAreaRect(corners.astype(np.int32))
+    return (cx, cy), (rw + 2 * distance, rh + 2 * distance), angle
 
 
 def _xywh_to_xyxy(xywh: F32Array) -> F32Array:
@@ -261,9 +322,19 @@ def make_head(
     unclip_ratio: float = 1.6,
     max_candidates: int = 1000,
     min_size: float = 3.0,
+    dilate: bool = True,
+    max_height_fraction: float = 0.9,
 ) -> Head:
     if name == "dbnet":
-        return DbnetHead(bin_threshold, unclip_ratio, max_candidates, min_size, max_detections)
+        return DbnetHead(
+            bin_threshold,
+            unclip_ratio,
+            max_candidates,
+            min_size,
+            max_detections,
+            dilate=dilate,
+            max_height_fraction=max_height_fraction,
+        )
     if name == "yolo_v8":
         return YoloV8Head(nms_iou, max_detections)
     if name == "yolo_v5":

@@ -56,6 +56,8 @@ class SettingsMessage:
     classes: list[int] | None = None
     clear_classes: bool = False
     track: bool | None = None  # since protocol 2: track ids on (default) or off
+    input_size: int | None = None  # since protocol 2: engine input long side
+    clear_input_size: bool = False  # "input_size": null: back to the server's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +177,7 @@ def decode_base64(payload: bytes) -> bytes:
 
 
 def _settings(obj: dict[str, Any]) -> SettingsMessage:
-    known = {"type", "mode", "confidence", "classes", "track"}
+    known = {"type", "mode", "confidence", "classes", "track", "input_size"}
     extra = sorted(set(obj) - known)
     if extra:
         raise ClientError(
@@ -201,8 +203,17 @@ def _settings(obj: dict[str, Any]) -> SettingsMessage:
     track = obj.get("track")
     if track is not None and not isinstance(track, bool):
         raise ClientError("bad_settings", "'track' must be true or false")
+    size = obj.get("input_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+        raise ClientError("bad_settings", "'input_size' must be a positive integer or null")
     return SettingsMessage(
-        mode=mode, confidence=conf, classes=classes, clear_classes=clear, track=track
+        mode=mode,
+        confidence=conf,
+        classes=classes,
+        clear_classes=clear,
+        track=track,
+        input_size=size,
+        clear_input_size="input_size" in obj and size is None,
     )
 
 

@@ -110,16 +110,20 @@ def client_error(err: ClientError) -> str:
 
 
 def settings(
-    mode: str, confidence: float, classes: list[int] | None, track: bool | None = None
+    mode: str,
+    confidence: float,
+    classes: list[int] | None,
+    extra: Mapping[str, Any] | None = None,
 ) -> str:
+    """``extra``: the settings since protocol 2 (``track``, ``input_size``), for clients
+    that speak it."""
     body: dict[str, Any] = {
         "type": "settings",
         "mode": mode,
         "confidence": confidence,
         "classes": classes,
+        **(extra or {}),
     }
-    if track is not None:  # since protocol 2
-        body["track"] = track
     return _dumps(body)
 
 

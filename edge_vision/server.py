@@ -30,7 +30,7 @@ from aiohttp import WSCloseCode, web
 from . import auth, reply
 from .aio import cancel_and_wait, with_timeout
 from .close_codes import CloseCode
-from .config import Config
+from .config import Config, session_input_sizes
 from .connection import Connection, ConnectionContext, ConnectionDone
 from .errors import ConfigError, EdgeVisionError, UnsupportedProtocol
 from .infer import InferenceService
@@ -338,6 +338,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
                     "max_message_bytes": cfg.server.max_message_bytes,
                     "max_pixels": cfg.server.max_pixels,
                     "input_size": spec.limits.target,
+                    "input_sizes": session_input_sizes(cfg),  # since protocol 2
                     "stride": spec.limits.stride,
                     "max_side": spec.limits.max_side,
                     "max_batch": service.engine.max_batch if service.engine else 1,
@@ -430,6 +431,7 @@ def _authenticator(config: Config) -> auth.Authenticator:
 def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application:
     """Build the application; the engine starts when the app starts."""
     logging.getLogger("edge_vision").setLevel(config.logging.level.upper())
+    auth.install_log_redaction()  # whoever logs, no line carries a credential
     spec = spec or load_model_spec(config.model, config.engine.max_batch)
     metrics = Metrics()
     service = InferenceService(spec, config, metrics=metrics)
@@ -448,6 +450,8 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     app[PIPELINE] = pipeline
     app[CONNECTIONS] = {}
     app[FEATURES] = list(BASE_FEATURES)
+    # Since protocol 2: results carry track ids; a session may pick its input size.
+    app[FEATURES] += ["track", "input_size"]
     app[STATE] = {"web_root": config.server.web_root or REPO_WEB}
     started = time.time()
     app[NODE] = {"id": node_id, "started": started}

@@ -55,6 +55,8 @@ class Session:
     mode: Mode
     confidence: float
     classes: list[int] | None = None
+    track: bool = True  # since protocol 2: results carry track ids (track.py)
+    input_size: int | None = None  # since protocol 2: None is the server's model.input_size
     client: str = ""
     # What the proxy in front (nginx) says the client's address is: shown to admins as
     # reported, never used for a decision, because any client can send the header.
@@ -81,10 +83,16 @@ class Session:
 
     def frame_settings(self) -> FrameSettings:
         classes = frozenset(self.classes) if self.classes is not None else None
-        return FrameSettings(self.confidence, classes)
+        return FrameSettings(self.confidence, classes, self.input_size)
 
     def settings_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "confidence": self.confidence, "classes": self.classes}
+        return {
+            "mode": self.mode,
+            "confidence": self.confidence,
+            "classes": self.classes,
+            "track": self.track,
+            "input_size": self.input_size,
+        }
 
     def counters(self) -> dict[str, int]:
         return {c: getattr(self, c) for c in COUNTERS}
@@ -100,6 +108,8 @@ class Session:
             "mode": self.mode,
             "confidence": repr(self.confidence),
             "classes": json.dumps(self.classes),
+            "track": "1" if self.track else "0",
+            "input_size": str(self.input_size or ""),
             "client": self.client,
             "forwarded_for": self.forwarded_for,
             "user_agent": self.user_agent,
@@ -130,6 +140,8 @@ class Session:
                 mode=mode,
                 confidence=float(rec.get("confidence", "0.5")),
                 classes=[int(c) for c in classes] if isinstance(classes, list) else None,
+                track=rec.get("track", "1") == "1",
+                input_size=int(rec["input_size"]) if rec.get("input_size") else None,
                 client=rec.get("client", ""),
                 forwarded_for=rec.get("forwarded_for", ""),
                 user_agent=rec.get("user_agent", ""),

@@ -41,7 +41,9 @@ def test_dbnet_finds_a_text_blob_and_maps_it_to_frame_pixels() -> None:
     dets = DbnetHead(unclip_ratio=1.5).decode([prob], LB, confidence=0.5)
     assert dets.shape == (1, 6) and dets[0, 5] == 0
     x1, y1, x2, y2, score = dets[0, :5]
-    assert score == pytest.approx(0.9, abs=0.02)
+    # The 2x2 dilation grows the kernel by a pixel, so the mean over its rectangle takes in
+    # a ring of zeros: 0.853, what the reference DBPostProcess gives for this map too.
+    assert score == pytest.approx(0.853, abs=0.005)
     # kernel in frame pixels: x 200..600, y 200..240; unclip grows it by a few px per side
     assert 170 < x1 < 200 and 600 < x2 < 630 and 170 < y1 < 200 and 240 < y2 < 270
 

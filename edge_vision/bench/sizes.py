@@ -1,0 +1,196 @@
+"""Input-size sweep on the CPU: agreement with the reference pipeline and frames/s per size.
+
+For each long side (640, 960, 1280 by default) and real photos from the scikit-image wheel
+scaled to a camera frame (1280×720 by default), it runs the default model through our
+shape stage and DB head and through PP-OCR's reference pipeline (rapidocr's
+``ch_ppocr_det`` pre- and post-processing, its ``Det`` settings, ``limit_type: max`` at
+the same long side), pools the matching of the two box sets (edge_vision.agreement), and
+times our per-frame path (letterbox + normalise, ONNX Runtime, post) on one stream.
+docs/results.md holds its figures. Run::
+
+    python -m edge_vision.bench.sizes [--sizes 640 960 1280] [--threads 2] [--repeats 5]
+
+Needs ``rapidocr`` (the default model's wheel) and ``scikit-image`` (the photos; in the
+``test`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+from ..agreement import Agreement, match_detections
+from ..config import ModelConfig
+from ..models import ModelSpec, load_model_spec
+from ..post import DbnetHead
+from ..shape import InputLimits, Letterbox, letterbox_into, normalise_into, plan_for_frame
+
+U8Array = npt.NDArray[np.uint8]
+F32Array = npt.NDArray[np.float32]
+
+# Photos with text in them: a printed page, handwriting, labels on boxes in a garage
+# (two views), an astronaut's name tag and mission patch, a rocket's lettering.
+TEXT_PHOTOS = (
+    "page.png",
+    "text.png",
+    "motorcycle_left.png",
+    "motorcycle_right.png",
+    "astronaut.png",
+    "rocket.jpg",
+)
+
+
+def photo_frame(name: str, width: int, height: int) -> U8Array:
+    """A scikit-image photo (BGR) scaled to cover ``width × height``, centre-cropped."""
+    path = Path(str(importlib.resources.files("skimage") / "data" / name))
+    img = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if img is None:
+        raise FileNotFoundError(f"{path} is not a readable image")
+    h, w = img.shape[:2]
+    s = max(width / w, height / h)
+    big = cv2.resize(img, (round(w * s), round(h * s)), interpolation=cv2.INTER_CUBIC)
+    y0, x0 = (big.shape[0] - height) // 2, (big.shape[1] - width) // 2
+    return np.ascontiguousarray(big[y0 : y0 + height, x0 : x0 + width])
+
+
+def reference_detections(session: Any, img: U8Array, long_side: int) -> F32Array:
+    """The reference pipeline's polygons for ``img`` as axis-aligned ``(N, 6)`` detections.
+
+    rapidocr's ``DetPreProcess`` (``limit_type: max`` at ``long_side``) and
+    ``DBPostProcess`` with the wheel's ``Det`` settings, on ``session`` (the same model)."""
+    from rapidocr.ch_ppocr_det.utils import DBPostProcess, DetPreProcess
+
+    x = DetPreProcess(long_side, "max", [0.5] * 3, [0.5] * 3)(img)
+    pred = session.run(None, {"x": x})[0]
+    polys, scores = DBPostProcess(0.3, 0.5, 1000, 1.6, "fast", use_dilation=True)(
+        pred, img.shape[:2]
+    )
+    out = np.zeros((len(polys), 6), np.float32)
+    for i, (poly, score) in enumerate(zip(polys, scores, strict=True)):
+        out[i, :4] = [*poly.min(axis=0), *poly.max(axis=0)]
+        out[i, 4] = score
+    return out
+
+
+def our_input(spec: ModelSpec, img: U8Array, long_side: int) -> tuple[F32Array, Letterbox]:
+    """Our shape stage for ``img`` at ``long_side``: the engine input and its letterbox."""
+    h, w = img.shape[:2]
+    lb = plan_for_frame(w, h, InputLimits(target=long_side, max_side=max(1280, long_side)))
+    canvas = np.zeros((lb.out_h, lb.out_w, 3), np.uint8)
+    letterbox_into(img, lb, canvas, spec.pad_value)
+    x = np.empty((1, 3, lb.out_h, lb.out_w), np.float32)
+    normalise_into(x, [canvas], spec.normalisation)
+    return x, lb
+
+
+def our_detections(session: Any, spec: ModelSpec, img: U8Array, long_side: int) -> F32Array:
+    """What the service answers for ``img``: our shape stage, the model, our DB head."""
+    x, lb = our_input(spec, img, long_side)
+    pred = session.run(None, {spec.input_name: x})[0]
+    return DbnetHead().decode([pred[0]], lb, 0.5)
+
+
+def measure_size(
+    session: Any,
+    spec: ModelSpec,
+    frames: list[U8Array],
+    long_side: int,
+    repeats: int,
+) -> dict[str, Any]:
+    head = DbnetHead()
+    pooled: Agreement | None = None
+    prep_s = infer_s = post_s = 0.0
+    n = 0
+    shape: tuple[int, int] = (0, 0)
+    for img in frames:
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            x, lb = our_input(spec, img, long_side)
+            shape = lb.shape
+            t1 = time.perf_counter()
+            pred = session.run(None, {spec.input_name: x})[0]
+            t2 = time.perf_counter()
+            dets = head.decode([pred[0]], lb, 0.5)
+            t3 = time.perf_counter()
+            if r:  # the first run of each frame warms caches; it is not timed
+                prep_s, infer_s, post_s, n = (
+                    prep_s + t1 - t0,
+                    infer_s + t2 - t1,
+                    post_s + t3 - t2,
+                    n + 1,
+                )
+        a = match_detections(reference_detections(session, img, long_side), dets)
+        pooled = a if pooled is None else pooled + a
+    assert pooled is not None
+    per = 1000.0 / max(n, 1)
+    total_ms = (prep_s + infer_s + post_s) * per
+    return {
+        "long_side": long_side,
+        "input": f"{shape[1]}x{shape[0]}",
+        **pooled.as_dict(),
+        "prep_ms": round(prep_s * per, 2),
+        "infer_ms": round(infer_s * per, 2),
+        "post_ms": round(post_s * per, 2),
+        "frames_per_s": round(1000.0 / total_ms, 2) if total_ms else None,
+    }
+
+
+def sweep(
+    sizes: list[int],
+    *,
+    frame: tuple[int, int] = (1280, 720),
+    photos: tuple[str, ...] = TEXT_PHOTOS,
+    threads: int = 2,
+    repeats: int = 5,
+) -> list[dict[str, Any]]:
+    import onnxruntime as ort
+
+    spec = load_model_spec(ModelConfig(), 1)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(spec.path), opts, providers=["CPUExecutionProvider"])
+    frames = [photo_frame(p, *frame) for p in photos]
+    # Sizes interleaved over rounds would spread a neighbour's load evenly; one pass per
+    # size is what fits a CI budget, so the table gives ratios within one run.
+    return [measure_size(session, spec, frames, size, max(repeats, 2)) for size in sizes]
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| long side | input | ref boxes | ours | matched | recall | precision | "
+        "infer ms | post ms | frames/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['long_side']} | {r['input']} | {r['reference']} | {r['candidate']} | "
+            f"{r['matched']} | {r['recall']:.3f} | {r['precision']:.3f} | {r['infer_ms']} | "
+            f"{r['post_ms']} | {r['frames_per_s']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[640, 960, 1280])
+    ap.add_argument("--frame", type=int, nargs=2, default=[1280, 720], metavar=("W", "H"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", action="store_true", help="print JSON rows, not a table")
+    args = ap.parse_args(argv)
+    rows = sweep(
+        args.sizes, frame=(args.frame[0], args.frame[1]), threads=args.threads, repeats=args.repeats
+    )
+    print(json.dumps(rows, indent=1) if args.json else markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
