@@ -30,6 +30,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import secrets
@@ -289,6 +290,42 @@ def redact_url(url: str) -> str:
         for k, v in parse_qsl(parts.query, keep_blank_values=True)
     ]
     return urlunsplit(parts._replace(query=urlencode(pairs)))
+
+
+_SECRET_TEXT = re.compile(
+    r"((?:access_token|token|resume)=)[^&\s\"']+"
+    r"|(Bearer\s+)[^\s\"',]+"
+    r"|(edge-vision\.(?:token|resume)\.)[^\s,\"']+",
+    re.IGNORECASE,
+)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with anything that looks like a credential or resume token replaced."""
+    return _SECRET_TEXT.sub(lambda m: (m.group(1) or m.group(2) or m.group(3)) + "REDACTED", text)
+
+
+class RedactSecrets(logging.Filter):
+    """A handler filter: no log line, message or traceback, carries a credential, whatever
+    library wrote it (aiohttp quotes a malformed request line at debug level, say)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        return True
+
+
+def install_log_redaction(logger: logging.Logger | None = None) -> None:
+    """Put :class:`RedactSecrets` on every handler of ``logger`` (the root's by default)."""
+    for handler in (logger or logging.getLogger()).handlers:
+        if not any(isinstance(f, RedactSecrets) for f in handler.filters):
+            handler.addFilter(RedactSecrets())
 
 
 # -- the ``edge-vision token`` command -------------------------------------------------

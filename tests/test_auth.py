@@ -400,3 +400,27 @@ def test_the_store_holds_only_the_resume_secrets_hash_and_old_records_still_resu
     old["secret"] = s.secret
     legacy = Session.from_record(old)
     assert token_matches(legacy, s.secret) and legacy.secret_sha256 == secret_digest(s.secret)
+
+
+def test_log_lines_and_tracebacks_are_redacted_by_the_handler_filter() -> None:
+    tok = token()
+    record = logging.LogRecord(
+        "aiohttp.server",
+        logging.DEBUG,
+        __file__,
+        1,
+        "bad line %r",
+        (f"GET /ws?access_token={tok}",),
+        None,
+    )
+    try:
+        raise ValueError(f"Authorization: Bearer {tok}; offered edge-vision.token.{tok}")
+    except ValueError:
+        import sys
+
+        record.exc_info = sys.exc_info()
+    assert auth.RedactSecrets().filter(record)
+    assert tok not in record.getMessage() and "access_token=REDACTED" in record.getMessage()
+    assert record.exc_text is not None and tok not in record.exc_text
+    assert "Bearer REDACTED" in record.exc_text and "edge-vision.token.REDACTED" in record.exc_text
+    assert auth.redact_text("resume=abc.def&mode=every") == "resume=REDACTED&mode=every"
