@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
+import socket
 import struct
 from collections import Counter
 from pathlib import Path
@@ -294,3 +296,45 @@ async def test_a_client_still_writing_an_oversized_message_receives_1009(
         msg = await ws.receive(timeout=T(30))
         assert msg.type is aiohttp.WSMsgType.CLOSE, (msg.type, msg.data)
         assert msg.data == 1009 and ws.close_code == 1009, (msg.data, ws.close_code)
+
+
+async def _reset_after(port: int, stage: str) -> None:
+    """Open /ws and reset the TCP connection (RST, SO_LINGER 0) at ``stage``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    key = base64.b64encode(os.urandom(16)).decode()
+    request = (
+        f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
+    if stage == "mid-request":
+        writer.write(request[:40])
+    else:
+        writer.write(request)
+    await writer.drain()
+    if stage == "after-101":
+        await reader.readuntil(b"\r\n\r\n")
+    elif stage == "mid-hello":
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+    elif stage == "mid-frame":
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(RawWebSocket.frame(2, frame_binary(1, 1.0, JPG))[:300])
+        await writer.drain()
+    writer.transport.abort()
+
+
+async def test_peers_that_reset_at_any_point_leave_no_traceback(
+    server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12: a peer that reset before hello logged a traceback. Each stage 10 times."""
+    caplog.set_level(logging.INFO)
+    for stage in ("mid-request", "after-request", "after-101", "mid-hello", "mid-frame"):
+        for _ in range(10):
+            await _reset_after(server.port, stage)
+    await asyncio.sleep(0.5)  # let the server notice every reset
+    async with aiohttp.ClientSession() as http:
+        assert await _detections(http, server.ws_url)  # still serving
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not loud, [(r.name, r.getMessage()) for r in loud[:5]]
