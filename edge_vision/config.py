@@ -340,6 +340,12 @@ class DecodeConfig(_Section):
         gt=0,
         description="A pool unused this long shrinks to pool_idle_bytes (checked this often).",
     )
+    trim_heap: bool = Field(
+        True,
+        description="After the pool shrinks, hand free heap pages back to the system "
+        "(glibc malloc_trim; a no-op elsewhere). Without it glibc keeps what a burst of "
+        "8 MiB messages left (docs/benchmarks.md, 'Memory budget').",
+    )
 
 
 class SessionConfig(_Section):

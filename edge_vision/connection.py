@@ -95,6 +95,7 @@ class Connection:
         )
         # What this connection's frames hold in the node's memory budget (budget.py).
         self.memory = FrameLedger(ctx.pipeline.budget)
+        self._memory_wanted = 0  # bytes a refused frame wanted: wait for them before reading
         self.client_close_code: int | None = None
         self._budget = MessageBudget(  # the read budget (receive.MessageBudget)
             cfg.session.max_messages_per_s, cfg.session.message_burst, time.monotonic()
@@ -214,10 +215,14 @@ class Connection:
             self._capacity.notify_all()
 
     async def _charge_memory(self, frame: FrameMessage) -> bool:
-        """Charge ``frame`` to the node's memory budget (budget.py). Without room, an
-        'every' frame waits (this reader pauses: TCP back-pressure) up to
-        ``server.memory_wait_s``; a 'latest' frame, or one that waited in vain, is answered
-        with over_memory_budget (counted as rejected) and False is returned."""
+        """Charge ``frame`` to the node's memory budget (budget.py); False when it found
+        no room and was answered with over_memory_budget (counted as rejected).
+
+        Without room an 'every' frame waits for it, up to ``server.memory_wait_s``; a
+        'latest' frame is refused at once (a late frame is worth less) and the read loop
+        then waits as long for room (:meth:`_wait_for_memory`). Either way nothing more
+        is read meanwhile: aiohttp holds at most one more message and pauses the socket,
+        and TCP slows the client."""
         cost = frame_cost(len(frame.image), frame.image_is_base64)
         budget = self.memory.budget
         if self.admission.mode == "latest":
@@ -225,23 +230,34 @@ class Connection:
             credit = sum(self.memory.charge_of(id(f)) for f in self.admission.core.waiting())
             if self.memory.try_charge(id(frame), cost, credit=credit):
                 return True
-        else:
-            deadline = time.monotonic() + self.ctx.config.server.memory_wait_s
-            while not self.memory.try_charge(id(frame), cost):
-                self.ctx.metrics.memory_waits.inc()
-                left = deadline - time.monotonic()
-                if left <= 0 or not await wait_for_room(budget, cost, left):
-                    break
-            else:
-                return True
+            await self.send(self._over_budget(frame, cost))
+            self._memory_wanted = cost  # the read loop waits for room before reading on
+            return False
+        deadline = time.monotonic() + self.ctx.config.server.memory_wait_s
+        while not self.memory.try_charge(id(frame), cost):
+            self.ctx.metrics.memory_waits.inc()
+            left = deadline - time.monotonic()
+            if left <= 0 or not await wait_for_room(budget, cost, left):
+                await self.send(self._over_budget(frame, cost))
+                return False
+        return True
+
+    async def _wait_for_memory(self) -> None:
+        """After a 'latest' frame was refused for want of room, read nothing more until
+        there is room again (or ``server.memory_wait_s`` passed), holding nothing."""
+        if self._memory_wanted:
+            wait_s = self.ctx.config.server.memory_wait_s
+            await wait_for_room(self.memory.budget, self._memory_wanted, wait_s)
+            self._memory_wanted = 0
+
+    def _over_budget(self, frame: FrameMessage, cost: int) -> str:
         err = ClientError(
             "over_memory_budget",
-            f"the server's memory budget ({budget.limit} bytes) has no room for this "
-            f"{cost}-byte frame now; retry shortly",
+            f"the server's memory budget ({self.memory.budget.limit} bytes) has no room for "
+            f"this {cost}-byte frame now; retry shortly",
             frame.id,
         )
-        await self.send(self._rejected(err))
-        return False
+        return self._rejected(err)
 
     def _frames_dropped(self, frames: list[FrameMessage]) -> None:
         """Frames the admission policy dropped: counted, and their bytes given back."""
@@ -311,6 +327,7 @@ class Connection:
             wait = self._budget.take(time.monotonic())
             if wait > 0:
                 await self._pause_reading(wait)
+            await self._wait_for_memory()
             try:
                 msg = await self.ws.receive(timeout=cfg.idle_timeout_s)
             except TimeoutError:
@@ -321,6 +338,7 @@ class Connection:
                     await self._handle(msg.type, msg.data)
                 except ConnectionDone:
                     return
+                del msg  # not held (up to max_message_bytes) while waiting for the next
             elif msg.type is WSMsgType.CLOSE:
                 await self._peer_closed(msg.data)
                 return

@@ -19,6 +19,7 @@ import io
 import logging
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -26,6 +27,7 @@ from typing import Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from .budget import MemoryBudget
 from .errors import ClientError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,29 @@ def check_pixel_limit(header: ImageHeader, max_pixels: int) -> None:
         )
 
 
+def decoded_bytes(header: ImageHeader, min_size: tuple[int, int] | None) -> int:
+    """Bytes of the BGR pixels a decoder will produce: JPEG may be DCT-downscaled (to
+    no less than ``min_size``), PNG never is. Known from the header, before decoding."""
+    scale = _jpeg_scale(header, min_size) if header.format == "jpeg" else 1
+    return -(-header.width // scale) * -(-header.height // scale) * 3
+
+
+def check_decoded_limit(
+    header: ImageHeader, min_size: tuple[int, int] | None, max_bytes: int
+) -> int:
+    """Refuse, before decoding, an image whose pixels would take more than ``max_bytes``
+    (a 116 KB PNG of 6,320 x 6,320 zeros passes the pixel limit but decodes to 120 MB).
+    Returns the decoded size."""
+    nbytes = decoded_bytes(header, min_size)
+    if nbytes > max_bytes:
+        raise ClientError(
+            "decoded_too_large",
+            f"{header.format.upper()} {header.width}x{header.height} would decode to "
+            f"{nbytes} bytes; this server decodes at most {max_bytes} per frame",
+        )
+    return nbytes
+
+
 # ---------------------------------------------------------------------------------------
 # Buffers
 
@@ -117,22 +142,48 @@ class BufferPool:
 
     ``allocator`` decides what memory backs them: plain numpy, or pinned (page-locked)
     host memory from the CUDA layer so the H2D copy can be asynchronous.
+
+    With a :class:`~edge_vision.budget.MemoryBudget` every buffer the pool owns, handed
+    out or idle, is counted as ``pool`` bytes: a buffer that does not fit is refused with
+    ``over_memory_budget``, and one given back while the budget is over its admission
+    limit is freed rather than kept. :meth:`shrink` frees idle buffers down to a size
+    (the server does so after ``decode.pool_idle_s`` without use).
     """
 
-    def __init__(self, allocator: Allocator = numpy_allocator, keep_per_class: int = 256) -> None:
+    def __init__(
+        self,
+        allocator: Allocator = numpy_allocator,
+        keep_per_class: int = 256,
+        budget: MemoryBudget | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._allocator = allocator
         self._keep = keep_per_class
         self._free: dict[int, list[U8Array]] = {}
+        self._out: dict[int, int] = {}  # id of each buffer handed out -> its size class
         self._lock = threading.Lock()
+        self._budget = budget
+        self._clock = clock
+        self._last_used = clock()
         self.allocations = 0  # how many buffers were ever created (tests watch this)
+        self.free_bytes = 0  # bytes idle in the free lists
+        self.in_use_bytes = 0  # bytes handed out and not given back yet
 
     def set_allocator(self, allocator: Allocator) -> None:
         """Back new buffers with ``allocator`` (pinned when a CUDA engine takes over); the
         free lists are emptied so every buffer handed out from now on comes from it."""
+        dropped = 0
         with self._lock:
             if allocator is not self._allocator:
                 self._allocator = allocator
+                dropped = self.free_bytes
                 self._free.clear()
+                self.free_bytes = 0
+        self._uncharge(dropped)
+
+    def _uncharge(self, nbytes: int) -> None:
+        if self._budget is not None:
+            self._budget.release(nbytes, "pool")
 
     @staticmethod
     def _size_class(nbytes: int) -> int:
@@ -143,12 +194,28 @@ class BufferPool:
         nbytes = int(np.prod(shape))
         cls = self._size_class(nbytes)
         with self._lock:
+            self._last_used = self._clock()
             free = self._free.get(cls)
             base = free.pop() if free else None
-            if base is None:
+            if base is not None:
+                self.free_bytes -= cls
+            elif self._budget is not None and not self._budget.try_acquire(cls, "pool"):
+                raise ClientError(
+                    "over_memory_budget",
+                    f"no room in the server's memory budget for a {cls}-byte frame buffer; "
+                    "retry shortly",
+                )
+            else:
                 self.allocations += 1
         if base is None:
-            base = self._allocator(cls)
+            try:
+                base = self._allocator(cls)
+            except BaseException:
+                self._uncharge(cls)
+                raise
+        with self._lock:
+            self._out[id(base)] = cls
+            self.in_use_bytes += cls
         return base[:nbytes].reshape(shape)
 
     def release(self, array: U8Array) -> None:
@@ -158,11 +225,42 @@ class BufferPool:
             base = base.base
         if not isinstance(base, np.ndarray):
             return
-        cls = base.nbytes
         with self._lock:
+            self._last_used = self._clock()
+            cls = self._out.pop(id(base), None)
+            if cls is None:  # not handed out by this pool (or already given back)
+                return
+            self.in_use_bytes -= cls
             free = self._free.setdefault(cls, [])
-            if len(free) < self._keep:
+            over = self._budget is not None and self._budget.held > self._budget.admit_limit
+            if len(free) < self._keep and not over:
                 free.append(base)
+                self.free_bytes += cls
+                return
+        self._uncharge(cls)  # freed, not kept: the budget is tight or the class is full
+
+    @property
+    def last_used(self) -> float:
+        """When (the pool's clock) a buffer was last taken or given back."""
+        return self._last_used
+
+    def idle_for(self) -> float:
+        """Seconds since a buffer was last taken or given back."""
+        return self._clock() - self._last_used
+
+    def shrink(self, keep_bytes: int) -> int:
+        """Free idle buffers, largest first, until at most ``keep_bytes`` stay idle;
+        returns the bytes freed."""
+        freed = 0
+        with self._lock:
+            for cls in sorted(self._free, reverse=True):
+                free = self._free[cls]
+                while free and self.free_bytes > keep_bytes:
+                    free.pop()
+                    self.free_bytes -= cls
+                    freed += cls
+        self._uncharge(freed)
+        return freed
 
 
 # ---------------------------------------------------------------------------------------

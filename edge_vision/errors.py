@@ -58,6 +58,9 @@ ERROR_CODES: Final[dict[str, str]] = {
     "bad_settings": "a settings value is out of range",
     "engine_unavailable": "no inference engine can serve the frame right now",
     "internal": "the server failed on this frame; the connection lives on",
+    # since protocol 2 (docs/security.md, "Memory budget")
+    "over_memory_budget": "the node's memory budget has no room for the frame now; retry",
+    "decoded_too_large": "the image would decode to more bytes than the server accepts",
 }
 
 

@@ -20,11 +20,15 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from .aio import cancel_and_wait
+from .budget import MemoryBudget
 from .config import Config
 from .decode import (
     BufferPool,
     Decoder,
+    check_decoded_limit,
     check_pixel_limit,
+    decoded_bytes,
     numpy_allocator,
     pick_decoder,
     read_image_header,
@@ -34,6 +38,7 @@ from .decode_batch import Prepared as _Prepared
 from .engines import Engine
 from .errors import ClientError
 from .infer import BatchInfo, InferenceService
+from .memory import keep_pool_trimmed
 from .post import Head, filter_classes, make_head
 from .receive import FrameMessage, decode_base64
 from .shape import Letterbox, letterbox_into, plan_for_frame
@@ -80,7 +85,10 @@ class FramePipeline:
         self.config = config
         self.service = service
         self.decoder = decoder or pick_decoder(config.decode.decoder)
-        self.pool = pool or BufferPool()
+        # One budget for the process: frames of every connection and the decode pool.
+        self.budget = MemoryBudget(config.server.memory_budget_bytes // config.server.workers)
+        self.pool = pool or BufferPool(budget=self.budget)
+        self._housekeeping: asyncio.Task[None] | None = None
         self._own_executor = executor is None
         self.executor = executor or ThreadPoolExecutor(
             worker_count(config.decode.workers), thread_name_prefix="frame"
@@ -133,6 +141,8 @@ class FramePipeline:
         return self._head
 
     async def close(self) -> None:
+        if self._housekeeping is not None:
+            await cancel_and_wait(self._housekeeping)
         if self._own_executor:
             await asyncio.to_thread(self.executor.shutdown, True)
 
@@ -154,6 +164,9 @@ class FramePipeline:
         if input_size is not None and input_size != limits.target:
             limits = replace(limits, target=input_size)
         lb = plan_for_frame(header.width, header.height, limits)
+        # Refused before any decoder (host or device) allocates for it: an image bomb.
+        min_size = (lb.new_w, lb.new_h) if self.config.decode.dct_downscale else None
+        check_decoded_limit(header, min_size, self.config.server.max_decoded_bytes)
         return DecodeRequest(data, header, lb, t0)
 
     def decode_request(self, request: DecodeRequest) -> _Prepared:
@@ -161,17 +174,32 @@ class FramePipeline:
         data, header, lb, t0 = request.data, request.header, request.letterbox, request.started
         spec = self.service.spec
         min_size = (lb.new_w, lb.new_h) if self.config.decode.dct_downscale else None
+        nbytes = decoded_bytes(header, min_size)
+        # Decoders that do not write into the pool allocate the pixels themselves: they are
+        # counted while they exist (a pooled decode is counted by the pool instead).
+        if not self.budget.try_acquire(nbytes, "decode"):
+            raise ClientError("over_memory_budget", "no room in the memory budget to decode")
+        charged = nbytes
         try:
-            decoded = self.decoder.decode(data, header, min_size, self.pool)
-        except cv2.error as e:
-            raise ClientError("bad_image", f"image could not be decoded: {e.msg}") from None
-        t1 = time.perf_counter()
-        canvas = self.pool.acquire((lb.out_h, lb.out_w, 3))
-        try:
-            letterbox_into(decoded.pixels, lb, canvas, spec.pad_value)
-        finally:
+            try:
+                decoded = self.decoder.decode(data, header, min_size, self.pool)
+            except cv2.error as e:
+                raise ClientError("bad_image", f"image could not be decoded: {e.msg}") from None
             if decoded.pooled:
-                self.pool.release(decoded.pixels)
+                self.budget.release(charged, "decode")
+                charged = 0
+            t1 = time.perf_counter()
+            canvas = self.pool.acquire((lb.out_h, lb.out_w, 3))
+            try:
+                letterbox_into(decoded.pixels, lb, canvas, spec.pad_value)
+            except BaseException:
+                self.pool.release(canvas)
+                raise
+            finally:
+                if decoded.pooled:
+                    self.pool.release(decoded.pixels)
+        finally:
+            self.budget.release(charged, "decode")
         return _Prepared(canvas, lb, t1 - t0, time.perf_counter() - t1)
 
     def postprocess(
@@ -195,6 +223,11 @@ class FramePipeline:
         engine can serve, FrameSuperseded when a newer frame of ``supersede_key`` took its
         place before inference. ``on_prepared`` is called once decoding is over."""
         loop = asyncio.get_running_loop()
+        if self._housekeeping is None:  # started with the first frame, on the serving loop
+            d = self.config.decode
+            self._housekeeping = loop.create_task(
+                keep_pool_trimmed(self.pool, d.pool_idle_bytes, d.pool_idle_s, d.trim_heap)
+            )
         taken_at = time.perf_counter() if taken_at is None else taken_at
         try:
             if frame.image_is_base64:  # base64 of a large frame is worth a worker

@@ -1,0 +1,69 @@
+"""Handing memory back to the system after a burst: pool shrinking and ``malloc_trim``.
+
+Freed Python objects go back to glibc's malloc, not to the kernel. glibc raises its mmap
+threshold after the first large block is freed (up to 32 MiB, ``mallopt(3)``), so later
+8 MiB messages and frame buffers come from the heap and its per-thread arenas; when the
+burst ends those pages stay mapped ("glibc kept 2.2 GB after the burst", issue 12).
+``malloc_trim(0)`` (glibc >= 2.8) returns every free page of every arena with
+``MADV_DONTNEED`` — measured in docs/benchmarks.md, "Memory budget".
+
+:func:`keep_pool_trimmed` is the server's background task: once the decode pool has been
+unused for ``decode.pool_idle_s`` after being used, it frees idle buffers beyond
+``decode.pool_idle_bytes`` and trims the heap, once per quiet period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+from functools import cache
+
+from .decode import BufferPool
+
+log = logging.getLogger(__name__)
+
+
+@cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.malloc_trim.restype = ctypes.c_int
+    except (OSError, AttributeError):  # musl and others have no malloc_trim
+        return None
+    return libc
+
+
+def malloc_trim() -> bool:
+    """Return free heap memory to the system (glibc); False where that is not available.
+    Blocking (it walks every arena): call it from a worker thread."""
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
+def trim_available() -> bool:
+    return _libc() is not None
+
+
+async def keep_pool_trimmed(
+    pool: BufferPool, idle_bytes: int, idle_s: float, trim_heap: bool = True
+) -> None:
+    """Forever: after each busy period, once the pool has been idle ``idle_s``, shrink it
+    to ``idle_bytes`` and (``trim_heap``) trim the heap. Checks every ``idle_s / 2``."""
+    handled: float | None = None  # the pool's last use when we last trimmed
+    while True:
+        await asyncio.sleep(idle_s / 2)
+        if pool.idle_for() < idle_s or pool.last_used == handled:
+            continue
+        handled = pool.last_used
+        freed = pool.shrink(idle_bytes)
+        trimmed = trim_heap and await asyncio.to_thread(malloc_trim)
+        log.debug("decode pool idle: freed %d bytes of buffers; heap trimmed: %s", freed, trimmed)

@@ -1,0 +1,258 @@
+"""The node-wide memory budget (edge_vision/budget.py), the decoded-bytes cap, pools that
+shrink, memory handed back after a burst — against a real server process whose resident
+memory is read from /proc/<pid>/status."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from edge_vision.budget import FrameLedger, MemoryBudget, frame_cost
+from edge_vision.decode import BufferPool, check_decoded_limit, read_image_header
+from edge_vision.errors import ClientError
+
+from .support.clients import connect, frame_binary, recv
+from .support.images import jpeg, text_scene
+from .support.scrape import metric, metrics_text
+from .support.server import ServerProcess
+from .support.timing import T
+
+MiB = 1024 * 1024
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def padded_jpeg(target_bytes: int) -> bytes:
+    """A small real JPEG made ``target_bytes`` long with comment segments (JPEG COM,
+    ITU T.81 B.2.4.5): a maximal message that costs its bytes, not a long decode."""
+    core = jpeg(text_scene(320, 240).rgb, quality=80)
+    pad, left = [], target_bytes - len(core)
+    while left > 4:
+        n = min(65533, left - 4)
+        pad.append(b"\xff\xfe" + struct.pack(">H", n + 2) + b"\x00" * n)
+        left -= n + 4
+    return core[:2] + b"".join(pad) + core[2:]
+
+
+def png_of_zeros(side: int) -> bytes:
+    """A valid RGB PNG of ``side`` x ``side`` black pixels: 116 KB for 6,320 squared, which
+    would decode to 120 MB (the image bomb of issue 12), compressed row by row."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    z = zlib.compressobj(9)
+    row = b"\x00" * (1 + side * 3)
+    idat = b"".join(z.compress(row) for _ in range(side)) + z.flush()
+    ihdr = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"{field} not in /proc/{pid}/status")
+
+
+# -- the pure policy -------------------------------------------------------------------
+
+
+def test_budget_refuses_what_does_not_fit_and_keeps_headroom_for_decoding() -> None:
+    b = MemoryBudget(100, headroom=20)
+    assert b.try_acquire(50, "frames") and b.try_acquire(30, "frames")
+    assert not b.try_acquire(1, "frames")  # frames stop at limit - headroom
+    assert b.try_acquire(20, "pool")  # decode and pool buffers may use the headroom
+    assert not b.try_acquire(1, "decode")
+    assert (b.held, b.peak, b.refused) == (100, 100, 2)
+    b.release(50, "frames")
+    assert b.held_by("frames") == 30 and b.try_acquire(30, "frames")
+    with pytest.raises(RuntimeError):
+        b.release(61, "frames")  # more than held is a bug, not a number to go negative
+
+
+def test_ledger_releases_each_frame_once_and_everything_on_close() -> None:
+    b = MemoryBudget(1000, headroom=0)
+    ledger = FrameLedger(b)
+    assert ledger.try_charge("a", 300) and ledger.try_charge("b", 300)
+    assert not ledger.try_charge("c", 500)
+    # A latest-wins frame replacing "b" may count b's bytes as room.
+    assert ledger.try_charge("c", 500, credit=ledger.charge_of("b"))
+    ledger.release("b")
+    ledger.release("b")  # a second release of the same frame gives nothing back
+    assert b.held == 800
+    ledger.releaser("a")(None)  # the done-callback form
+    assert ledger.release_all() == 500 and b.held == 0 and len(ledger) == 0
+    assert frame_cost(1000, base64=True) == 1750 and frame_cost(1000, base64=False) == 1000
+
+
+def test_pool_counts_its_buffers_refuses_over_budget_and_shrinks_to_idle_size() -> None:
+    now = [0.0]
+    budget = MemoryBudget(64 * MiB, headroom=0)
+    pool = BufferPool(budget=budget, clock=lambda: now[0])
+    bufs = [pool.acquire((1024, 1024, 3)) for _ in range(8)]  # 3 MiB -> 4 MiB classes
+    assert budget.held_by("pool") == 32 * MiB and pool.in_use_bytes == 32 * MiB
+    for buf in bufs:
+        pool.release(buf)
+    assert pool.free_bytes == 32 * MiB and budget.held_by("pool") == 32 * MiB
+    assert pool.acquire((1024, 1024, 3)) is not None and pool.allocations == 8  # reused
+    with pytest.raises(ClientError) as e:
+        pool.acquire((6000, 6000, 3))  # 128 MiB class: over the whole budget
+    assert e.value.code == "over_memory_budget"
+    now[0] = 10.0
+    assert pool.idle_for() == 10.0
+    freed = pool.shrink(8 * MiB)
+    assert freed == 20 * MiB and pool.free_bytes == 8 * MiB
+    assert budget.held_by("pool") == 12 * MiB  # 8 idle + the one still handed out
+
+
+def test_pool_frees_instead_of_keeping_while_frames_fill_the_budget() -> None:
+    budget = MemoryBudget(16 * MiB, headroom=4 * MiB)
+    pool = BufferPool(budget=budget)
+    assert budget.try_acquire(8 * MiB, "frames")
+    a, b = pool.acquire((1000, 1000, 3)), pool.acquire((1000, 1000, 3))  # 4 MiB classes
+    assert budget.held == 16 * MiB  # the pool may use the headroom
+    pool.release(a)  # over the admission limit (12 MiB): freed, not kept
+    assert pool.free_bytes == 0 and budget.held == 12 * MiB
+    pool.release(b)  # back within it: kept for reuse
+    assert pool.free_bytes == 4 * MiB and budget.held == 12 * MiB
+
+
+def test_png_bomb_is_refused_from_its_header_before_decoding() -> None:
+    bomb = png_of_zeros(6320)
+    assert len(bomb) < 200_000  # ~116 KB on the wire
+    header = read_image_header(bomb)
+    assert header.pixels < 40_000_000  # passes the pixel limit
+    t0 = time.perf_counter()
+    with pytest.raises(ClientError) as e:
+        check_decoded_limit(header, None, 64 * MiB)
+    assert e.value.code == "decoded_too_large" and time.perf_counter() - t0 < 0.01
+
+
+# -- a real server -----------------------------------------------------------------------
+
+BUDGET = 192 * MiB
+IDLE = 16 * MiB
+
+
+async def _client(
+    http: aiohttp.ClientSession, url: str, frame: bytes, window: int, until: float
+) -> dict[str, Any]:
+    """Keep ``window`` frames in flight (a reply or a reported drop frees a place) until
+    ``until``, then close. Returns what the client counted."""
+    ws, _ = await connect(http, url)
+    sent = answered = dropped = 0
+    errors: dict[str, int] = {}
+    try:
+        while time.monotonic() < until:
+            while sent - answered - dropped - sum(errors.values()) < window:
+                await ws.send_bytes(frame_binary(sent, None, frame))
+                sent += 1
+            try:
+                msg = await recv(ws, timeout=max(0.05, until - time.monotonic()))
+            except TimeoutError:
+                break
+            if msg["type"] == "result":
+                answered += 1
+                dropped = msg["dropped"]
+            elif msg["type"] == "error":
+                errors[msg["code"]] = errors.get(msg["code"], 0) + 1
+        return {"sent": sent, "answered": answered, "errors": errors}
+    finally:
+        await ws.close()
+
+
+async def _frame_counters(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    text = await metrics_text(http, url)
+    rejected = sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("edge_vision_frames_rejected_total{")
+    )
+    return {
+        "received": metric(text, "edge_vision_frames_received_total"),
+        "answered": metric(text, "edge_vision_frames_answered_total"),
+        "dropped": metric(text, "edge_vision_frames_dropped_total"),
+        "rejected": rejected,
+        "over_budget": metric(text, 'edge_vision_frames_rejected_total{code="over_memory_budget"}'),
+        "held_peak": metric(text, "edge_vision_memory_peak_bytes"),
+        "held_frames": metric(text, 'edge_vision_memory_held_bytes{kind="frames"}'),
+        "connections": metric(text, "edge_vision_connections"),
+    }
+
+
+# Beyond the budget a connection holds at most one message that aiohttp read ahead while
+# its reader waited (budget.py): the documented worst case the peak is checked against.
+READ_AHEAD = 64 * 8 * MiB
+
+
+@pytest.mark.timeout(120)
+async def test_64_connections_of_8mib_frames_stay_under_the_budget_and_memory_comes_back(
+    tmp_path: Path,
+) -> None:
+    srv = ServerProcess(
+        f"server.memory_budget_bytes={BUDGET}",
+        f"server.max_message_bytes={9 * MiB}",
+        "server.memory_wait_s=0.5",
+        f"decode.pool_idle_bytes={IDLE}",
+        "decode.pool_idle_s=0.5",
+        "server.max_connections=128",
+        "limits.max_connections_per_address=128",
+        "model.input_size=320",  # a cheap inference: this test is about bytes
+        log_path=tmp_path / "server.log",
+    )
+    await asyncio.to_thread(srv.start)
+    try:
+        await srv.wait_ready()
+        assert srv.proc is not None
+        pid = srv.proc.pid
+        frame = padded_jpeg(8 * MiB - 4096)
+        small = jpeg(text_scene(320, 240).rgb)
+        async with aiohttp.ClientSession() as http:
+            # Warm the frame path once (decode threads, arenas), then let the pool go idle.
+            await _client(http, srv.ws_url, small, 1, time.monotonic() + 0.5)
+            await asyncio.sleep(1.5)
+            start = await asyncio.to_thread(rss_bytes, pid)
+            idle = [await connect(http, srv.ws_url) for _ in range(64)]
+            per_idle = (await asyncio.to_thread(rss_bytes, pid) - start) / 64
+            for ws, _ in idle:
+                await ws.close()
+
+            until = time.monotonic() + T(4)
+            counts = await asyncio.gather(
+                *(_client(http, srv.ws_url, frame, 2, until) for _ in range(64))
+            )
+            deadline = time.monotonic() + T(10)  # every connection's frames done with
+            while (c := await _frame_counters(http, srv.url))["connections"] or c["held_frames"]:
+                assert time.monotonic() < deadline, c
+                await asyncio.sleep(0.1)
+            hwm = await asyncio.to_thread(rss_bytes, pid, "VmHWM")  # the peak RSS
+            print(
+                f"\nRSS at start {start / MiB:.0f} MiB; {per_idle / 1024:.0f} KiB per idle "
+                f"connection; peak {(hwm - start) / MiB:+.0f} MiB under load (budget "
+                f"{BUDGET / MiB:.0f} MiB, held at most {c['held_peak'] / MiB:.0f} MiB); {c}"
+            )
+            # Nothing lost: every frame received was answered, dropped or rejected.
+            assert c["received"] == c["answered"] + c["dropped"] + c["rejected"], c
+            assert c["over_budget"] > 0 and c["answered"] > 0, c
+            assert all(set(cl["errors"]) <= {"over_memory_budget"} for cl in counts), counts
+            assert c["held_peak"] <= BUDGET
+            assert hwm - start <= BUDGET + READ_AHEAD, (hwm - start) / MiB
+            # After the burst the pool shrinks to its idle size and the heap is trimmed.
+            deadline = time.monotonic() + T(10)
+            while (after := await asyncio.to_thread(rss_bytes, pid)) > start + IDLE + 50 * MiB:
+                assert time.monotonic() < deadline, (after - start) / MiB
+                await asyncio.sleep(0.25)
+            print(f"RSS after the burst {(after - start) / MiB:+.0f} MiB")
+    finally:
+        await asyncio.to_thread(srv.stop)
