@@ -119,6 +119,12 @@ echo "== 3/5 configuration"
 if [ -n "$dry_run" ] || [ ! -f "$etc/config.yaml" ]; then
   run install -m 0644 "$here/config.yaml" "$etc/config.yaml"  # only when there is none
 fi
+# auth.token_secret_file of config.yaml (docs/security.md): made once, read by the service
+# user only; mint tokens with it: sudo -u edge-vision edge-vision token --config ... --subject X
+if [ -n "$dry_run" ] || [ ! -f "$etc/token.secret" ]; then
+  run sh -c "umask 077 && '$prefix/venv/bin/edge-vision' token --new-secret > '$etc/token.secret'"
+  run chown "$user:$user" "$etc/token.secret"
+fi
 # Options given here go into the config serve reads, so serve wants the plan built below.
 if [ -n "$dry_run" ]; then
   echo "+ set in $etc/config.yaml: precision=${precision:--} calibration=${calibration:--}" \
