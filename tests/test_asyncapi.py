@@ -178,6 +178,8 @@ async def test_real_messages_of_a_session_validate(server: RunningServer) -> Non
     codes = {k.split(":", 1)[1] for k in seen if k.startswith("error:")}
     assert {"bad_image", "unsupported_image", "bad_json", "unknown_type", "bad_settings"} <= codes
     assert {"hello", "settings", "result", "error", "pong"} <= set(seen)
+    known = DOC["components"]["schemas"]["Hello"]["properties"]["features"]["x-known-features"]
+    assert set(seen["hello"]["features"]) <= set(known), "a feature the document does not name"
 
 
 async def test_closing_before_a_shutdown_validates(spec: ModelSpec) -> None:
@@ -241,6 +243,14 @@ TEXT_CASES: list[tuple[str, Any, bool]] = [
     ("settings, bool class", {"type": "settings", "classes": [True]}, False),
     ("settings, classes not a list", {"type": "settings", "classes": 3}, False),
     ("settings, 1001 classes", {"type": "settings", "classes": list(range(1001))}, False),
+    ("settings, track off", {"type": "settings", "track": False}, True),
+    ("settings, track null", {"type": "settings", "track": None}, True),
+    ("settings, track a string", {"type": "settings", "track": "no"}, False),
+    ("settings, input size", {"type": "settings", "input_size": 960}, True),
+    ("settings, input size null", {"type": "settings", "input_size": None}, True),
+    ("settings, input size 0", {"type": "settings", "input_size": 0}, False),
+    ("settings, input size bool", {"type": "settings", "input_size": True}, False),
+    ("settings, input size text", {"type": "settings", "input_size": "960"}, False),
     ("ping", {"type": "ping", "payload": {"any": ["thing"]}}, True),
     ("ping, no payload", {"type": "ping"}, True),
     ("unknown type", {"type": "hello"}, False),
