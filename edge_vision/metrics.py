@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from functools import partial
 
@@ -30,6 +31,14 @@ _LATENCY_BUCKETS = (
     2.5,
     5.0,
 )
+
+
+def _loop_tasks() -> int:
+    """Tasks of the running event loop (a scrape is rendered on it); 0 off the loop."""
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:
+        return 0
 
 
 class Metrics:
@@ -121,6 +130,10 @@ class Metrics:
         self.memory_pool_idle = Gauge(
             p + "memory_pool_idle_bytes", "Idle buffers kept by the decode pool", registry=r
         )
+        self.loop_tasks = Gauge(
+            p + "event_loop_tasks", "asyncio tasks alive on the serving loop", registry=r
+        )
+        self.loop_tasks.set_function(_loop_tasks)
         self.memory_waits = Counter(
             p + "memory_waits",
             "Times an 'every' frame's reader paused for room in the memory budget",
