@@ -344,6 +344,9 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
                     "max_batch": service.engine.max_batch if service.engine else 1,
                     "formats": ["jpeg", "png"],
                     "binary_frames": True,
+                    # since protocol 2: the read budget (docs/protocol.md, "Read budget")
+                    "max_messages_per_s": cfg.session.max_messages_per_s,
+                    "message_burst": cfg.session.message_burst,
                 },
                 counters=session.counters(),
                 node_id=app[NODE]["id"],
@@ -452,6 +455,8 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     app[FEATURES] = list(BASE_FEATURES)
     # Since protocol 2: results carry track ids; a session may pick its input size.
     app[FEATURES] += ["track", "input_size"]
+    if config.read.enabled:  # since protocol 2: settings.read (read.py)
+        app[FEATURES].append("read")
     app[STATE] = {"web_root": config.server.web_root or REPO_WEB}
     started = time.time()
     app[NODE] = {"id": node_id, "started": started}
