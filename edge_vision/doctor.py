@@ -490,7 +490,8 @@ class Doctor:
                 why_not.append(f"torch: {torch_why}")
         pairs: list[tuple[str, str | None]] = []
         for kind in kinds:
-            if kind in ("torch", "tensorrt"):
+            on_cpu = kind == "torch" and self.config.engine.torch.device.startswith("cpu")
+            if kind in ("torch", "tensorrt") and not on_cpu:
                 self._probe_layers()
                 layers = [n for n, w in self._layers.items() if w is None]
                 if not layers:

@@ -180,7 +180,7 @@ class NodeNotifier:
             self._next_ping = now
             self._send_status(now)
             self._notify("READY=1")
-            log.info("node ready: %s", self._last_line)
+            log.info("node ready (%s)", self._last_line)
         if self.ready_sent and self.watchdog_s and now >= self._next_ping:
             if m.alive(now):
                 self._notify("WATCHDOG=1")
