@@ -141,6 +141,65 @@ def test_png_bomb_is_refused_from_its_header_before_decoding() -> None:
 
 # -- a real server -----------------------------------------------------------------------
 
+
+@pytest.mark.timeout(60)
+async def test_png_bomb_is_answered_decoded_too_large_and_the_next_frame_served(
+    server_factory: Any,
+) -> None:
+    srv = await server_factory()
+    good = jpeg(text_scene(640, 360).rgb)
+    async with aiohttp.ClientSession() as http:
+        ws, _ = await connect(http, srv.ws_url + "?mode=every")
+        t0 = time.perf_counter()
+        await ws.send_bytes(frame_binary("bomb", None, png_of_zeros(6320)))
+        err = await recv(ws)
+        assert (err["type"], err["code"], err["id"]) == ("error", "decoded_too_large", "bomb")
+        assert time.perf_counter() - t0 < T(2)  # refused from the header, not decoded
+        await ws.send_bytes(frame_binary("good", None, good))
+        res = await recv(ws)
+        assert (res["type"], res["id"]) == ("result", "good")
+        text = await metrics_text(http, srv.url)
+        assert metric(text, 'edge_vision_frames_rejected_total{code="decoded_too_large"}') == 1
+        await ws.close()
+
+
+async def _burst(url: str, frame: bytes, n: int) -> list[dict[str, Any]]:
+    """``n`` frames written back to back on one 'every' connection; their replies."""
+    async with aiohttp.ClientSession() as http:
+        ws, _ = await connect(http, url + "?mode=every")
+        for i in range(n):
+            await ws.send_bytes(frame_binary(i, None, frame))
+        replies = [await recv(ws, timeout=60) for _ in range(n)]
+        await ws.close()
+    return replies
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("wait_s", [30.0, 0.0])
+async def test_every_frames_over_budget_wait_for_room_or_are_rejected_never_lost(
+    server_factory: Any, wait_s: float
+) -> None:
+    # 16 MiB budget, 12 MiB for admitted frames: two 5 MiB frames fit, the third does not.
+    srv = await server_factory(
+        {"server": {"memory_budget_bytes": 16 * MiB, "memory_wait_s": wait_s}}
+    )
+    replies = await _burst(srv.ws_url, padded_jpeg(5 * MiB), 5)
+    async with aiohttp.ClientSession() as http:
+        text = await metrics_text(http, srv.url)
+    over = [r for r in replies if r["type"] == "error"]
+    # Every frame has its reply (a refusal is sent at once, ahead of earlier results).
+    assert sorted(r["id"] for r in replies) == list(range(5))
+    assert all(r["code"] == "over_memory_budget" for r in over), over
+    assert metric(text, "edge_vision_memory_waits_total") >= 1  # the reader paused for room
+    if wait_s:
+        assert not over  # it waited, then was served
+    else:
+        assert over  # no wait: refused with the code, counted as rejected
+        rejected = metric(text, 'edge_vision_frames_rejected_total{code="over_memory_budget"}')
+        assert rejected == len(over)
+    assert metric(text, "edge_vision_memory_peak_bytes") <= 16 * MiB
+
+
 BUDGET = 192 * MiB
 IDLE = 16 * MiB
 
