@@ -38,7 +38,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import aiohttp
@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+T = TypeVar("T")
 Mode = Literal["latest", "every"]
 Wire = Literal["binary", "json"]
 FrameId = int | str
@@ -527,7 +528,10 @@ class EdgeVisionClient:
         ``image``: JPEG or PNG bytes, or an ``(H, W, 3)`` uint8 RGB array (encoded to JPEG
         at ``quality``). ``frame_id``: default 0, 1, 2, ... ``ts``: default the wall clock in
         milliseconds; None sends ``null``."""
-        data = image if isinstance(image, bytes) else jpeg_from_array(image, quality)
+        if isinstance(image, bytes):
+            data = image
+        else:  # milliseconds of CPU for a large frame: not on the caller's event loop
+            data = await asyncio.to_thread(jpeg_from_array, image, quality)
         fid: FrameId = next(self._ids) if frame_id is None else frame_id
         if fid in self._pending:
             raise ValueError(f"frame id {fid!r} is still waiting for its answer")
@@ -571,7 +575,7 @@ class EdgeVisionClient:
         future: asyncio.Future[Settings] = asyncio.get_running_loop().create_future()
         self._settings_waiting.append(future)
         await self._send(orjson.dumps(body).decode())
-        settings = await asyncio.wait_for(future, self.reply_timeout_s)
+        settings = await self._answer_within(future)
         if mode is not None:
             self.mode = settings.mode  # a resumed session keeps it anyway; so do we
         return settings
@@ -582,6 +586,12 @@ class EdgeVisionClient:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pings_waiting.append(future)
         await self._send(orjson.dumps({"type": "ping", "payload": payload}).decode())
+        return await self._answer_within(future)
+
+    async def _answer_within(self, future: asyncio.Future[T]) -> T:
+        """The answer to a settings or ping message within ``reply_timeout_s``. One that
+        times out stays queued, cancelled: its late answer is matched to it and dropped,
+        so answers stay in step with requests (the server answers them in order)."""
         return await asyncio.wait_for(future, self.reply_timeout_s)
 
     # -- receiving ----------------------------------------------------------------------
