@@ -143,11 +143,45 @@ def test_every_example_validates_against_its_message_schema() -> None:
 # -- real messages from a running server -------------------------------------------------
 
 
+def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        node: Any = DOC
+        for part in schema["$ref"].removeprefix("#/").split("/"):
+            node = node[part]
+        schema = node
+    return schema
+
+
+def undeclared(schema: dict[str, Any], instance: Any, where: str) -> list[str]:
+    """Fields of ``instance`` its schema does not name, where the schema leaves
+    ``additionalProperties`` unsaid: a field a server sends must be in the document."""
+    schema = _resolve(schema)
+    found: list[str] = []
+    for part in schema.get("allOf", []) + schema.get("oneOf", []):
+        found += undeclared(part, instance, where)
+    if isinstance(instance, list) and "items" in schema:
+        for item in instance:
+            found += undeclared(schema["items"], item, f"{where}[]")
+    if not isinstance(instance, dict) or "properties" not in schema:
+        return found
+    props = dict(schema["properties"])
+    for part in schema.get("allOf", []):
+        props.update(_resolve(part).get("properties", {}))
+    if "additionalProperties" not in schema:
+        found += [f"{where}.{k}" for k in instance if k not in props]
+    for key, sub in props.items():
+        if key in instance:
+            found += undeclared(sub, instance[key], f"{where}.{key}")
+    return found
+
+
 def assert_valid_server_message(obj: dict[str, Any]) -> None:
     kind = obj.get("type")
     assert kind in SERVER_MESSAGE, f"the document has no server message {kind!r}: {obj}"
     errors = schema_errors(SERVER_MESSAGE[kind], obj)
     assert not errors, (kind, errors, obj)
+    missing = undeclared({"$ref": "#" + SERVER_MESSAGE[kind]}, obj, kind)
+    assert not missing, f"fields the server sends that docs/asyncapi.yaml lacks: {missing}"
 
 
 async def test_real_messages_of_a_session_validate(server: RunningServer) -> None:
