@@ -41,21 +41,22 @@ EXPECTED_OTHERWISE: dict[str, str] = {
 }
 GOOD = {"OK", "NON-STRICT", "INFORMATIONAL"}
 
-pytestmark = [
-    pytest.mark.timeout(420),
-    pytest.mark.skipif(
-        not WSTEST.exists(), reason="Autobahn|Testsuite not installed: run scripts/setup-autobahn"
-    ),
-]
+pytestmark = pytest.mark.timeout(420)
+needs_wstest = pytest.mark.skipif(
+    not WSTEST.exists(), reason="Autobahn|Testsuite not installed: run scripts/setup-autobahn"
+)
 
 
 def _read_reports(outdir: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     index = json.loads((outdir / "index.json").read_text())
     (agent,) = index.values()
-    details = {case: json.loads((outdir / r["reportfile"]).read_text()) for case, r in agent.items()}
+    details = {
+        case: json.loads((outdir / r["reportfile"]).read_text()) for case, r in agent.items()
+    }
     return agent, details
 
 
+@needs_wstest
 async def test_autobahn_cases_1_to_7_9_1_to_9_2_and_10_pass(
     spec: ModelSpec, tmp_path: Path
 ) -> None:
@@ -115,3 +116,19 @@ async def test_autobahn_cases_1_to_7_9_1_to_9_2_and_10_pass(
         if r["behaviorClose"] not in GOOD and case not in EXPECTED_OTHERWISE
     }
     assert not unclean, unclean
+
+
+async def test_the_echo_route_exists_only_when_the_test_flag_is_set(server: Any) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.get(server.url + ECHO_PATH) as r:
+        assert r.status == 404
+
+
+def test_close_codes_a_peer_must_not_send_are_answered_with_1002() -> None:
+    from edge_vision.websocket import reply_close_code
+
+    for ok in (0, 1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 3000, 4000, 4999):
+        assert reply_close_code(ok) == 1000, ok
+    for bad in (1, 999, 1004, 1005, 1006, 1015, 1016, 2999, 5000, 65535):
+        assert reply_close_code(bad) == 1002, bad
