@@ -405,3 +405,35 @@ def test_every_close_code_the_server_sends_has_its_own_exception() -> None:
         exc = client._classify(int(code), "", closing)
         assert type(exc) is not errors.ConnectionClosed, code
         assert exc.resumable == reason.resumable, (code, exc, reason)
+
+
+def python_blocks(path: Path) -> list[str]:
+    text = path.read_text()
+    return [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+
+
+#: The two runnable examples of docs/client.md (read at import: not on the test's loop).
+DOC_EXAMPLES = python_blocks(Path(__file__).parents[1] / "docs" / "client.md")[:2]
+
+
+@pytest.mark.parametrize("example", ["camera", "stream"])
+async def test_the_examples_in_docs_client_md_run(
+    server: RunningServer, example: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    namespace: dict[str, Any] = {}
+    for block in DOC_EXAMPLES:
+        exec(compile(block, "docs/client.md", "exec"), namespace)
+
+    async def frames() -> AsyncIterator[Any]:
+        for i in range(6):
+            yield JPG if i % 2 else SCENE.rgb
+
+    await asyncio.wait_for(namespace[example](server.ws_url, frames()), T(60))
+    out = capsys.readouterr().out.splitlines()
+    if example == "camera":
+        assert out[0].startswith("model PP-OCRv6_det_small engine onnxruntime")
+        assert {line.split()[0] for line in out[1:]} == {str(i) for i in range(6)}
+        assert all(" text " in line for line in out[1:])
+    else:
+        answered = [line for line in out if "answered" in line]
+        assert answered and answered[-1].startswith("5 answered")
