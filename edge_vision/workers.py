@@ -164,6 +164,11 @@ class NodeNotifier:
     def record(self, beat: WorkerBeat, now: float) -> None:
         self.monitor.record(beat, now)
 
+    def relayed_status(self, now: float) -> None:
+        """A worker's own STATUS= (a plan build's progress) went out: keep it up for a
+        while unless the node's state changes."""
+        self._next_status = now + STATUS_EVERY_S
+
     def stop(self) -> None:
         """SIGTERM arrived: say so at once (systemd's stop timeout starts now)."""
         if not self.stopping:
@@ -407,6 +412,8 @@ def _run_workers(config: Config) -> None:
                 notifier.record(payload, time.monotonic())
             elif not str(payload).startswith(NODE_ONLY):
                 systemd.notify(str(payload))
+                if str(payload).startswith("STATUS="):
+                    notifier.relayed_status(time.monotonic())
         notifier.tick(time.monotonic())
         if any(p.exitcode not in (None, 0) for p in procs) and not notifier.stopping:
             dead = [f"w{i} (exit {p.exitcode})" for i, p in enumerate(procs) if p.exitcode]

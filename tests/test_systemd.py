@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from edge_vision.workers import NodeMonitor, WorkerBeat, stale_after_s
+from edge_vision.workers import NodeMonitor, NodeNotifier, WorkerBeat, stale_after_s
 
 from .support.server import ServerProcess, free_port
 from .support.timing import T
@@ -257,3 +257,33 @@ def test_node_monitor_status_lines_a_person_reads() -> None:
     assert m.status_line(2.5).startswith("degraded (triton failed to start: unreachable)")
     assert m.stale(3.4) == [0] and not m.alive(3.4)
     assert m.status_line(3.4).startswith("unresponsive: worker 0 sent no beat")
+
+
+def test_node_notifier_sends_ready_once_pings_only_while_alive_and_stopping_once() -> None:
+    sent: list[str] = []
+    n = NodeNotifier(2, watchdog_s=1.0, notify=sent.append)  # stale after 1.5 s
+    n.record(beat(0), now=0.0)
+    n.tick(0.0)
+    assert "READY=1" not in sent  # worker 1 has not started yet
+    n.record(beat(1), now=0.5)
+    n.tick(0.5)
+    assert sent[-3:-1] == ["STATUS=ready: engine onnxruntime, 2 clients, 0.0 fps", "READY=1"]
+    assert sent[-1] == "WATCHDOG=1"  # the first ping comes with READY, the next 1 s later
+    n.tick(0.6)
+    assert sent.count("WATCHDOG=1") == 1
+    n.record(beat(1), now=1.5)
+    n.tick(1.7)  # worker 0's beat is 1.7 s old: stale, no ping; the status says so
+    assert sent.count("WATCHDOG=1") == 1
+    assert sent[-1].startswith("STATUS=unresponsive: worker 0")
+    n.record(beat(0), now=2.4)
+    n.tick(2.5)
+    assert sent.count("WATCHDOG=1") == 2 and sent.count("READY=1") == 1
+    n.relayed_status(2.6)  # a worker's plan-build progress stays up while nothing changes
+    before = len(sent)
+    n.tick(2.7)
+    assert not [m for m in sent[before:] if m.startswith("STATUS=")]
+    n.stop()
+    n.stop()
+    assert sent.count("STOPPING=1") == 1
+    n.tick(5.0)
+    assert sent[-1].startswith("STATUS=stopping")  # no pings after STOPPING=1
