@@ -35,9 +35,10 @@ Stream ordering: nvJPEG and the letterbox run on the decoder's own CUDA stream, 
 :meth:`CudaBatchDecoder.decode_batch` returns only once that stream has finished (the wait
 blocks the worker thread, not the event loop). A canvas is therefore complete before an
 engine stream reads it, and its memory goes back to torch's caching allocator only when
-the pipeline drops it, after the engine's batch event has completed; no decode can write
-into memory an engine stream still has queued work on. tests/gpu/test_decode_gpu.py
-checks that under concurrent load.
+the last reference goes: the engine slot holds one until the batch's event has completed
+(:class:`~edge_vision.engines.gpu_base.GpuEngine`), so no decode can write into memory an
+engine stream still has queued work on, even when the frame's caller is gone.
+tests/gpu/test_decode_gpu.py checks that under concurrent load.
 """
 
 from __future__ import annotations

@@ -120,6 +120,14 @@ class FramePipeline:
                 streams=self.config.decode.device_streams,
                 staging=allocator,
             )
+            if device is not None:
+                log.info(
+                    "decoding JPEGs on %s with nvJPEG (torchvision), up to %d a call, %d "
+                    "call(s) at a time",
+                    device.device,
+                    self.config.decode.device_batch,
+                    self.config.decode.device_streams,
+                )
         if device is not None:
             device.set_staging_allocator(allocator)
 

@@ -24,11 +24,10 @@ another slot's stream. :class:`GpuEngine` does all of that; a backend implements
 from __future__ import annotations
 
 import asyncio
-import importlib
 from abc import abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
@@ -48,6 +47,9 @@ class GpuSlot:
     index: int
     stream: CudaStream
     event: CudaEvent
+    #: Device frames (GPU decoder canvases) the batch on this slot reads: held until its
+    #: event completes, so their memory is not reused by a decode while a copy is queued.
+    reading: list[Any] = field(default_factory=list, kw_only=True)
 
     def close(self) -> None:
         """Free what the slot owns; backends free their buffers, then call this."""
@@ -73,7 +75,6 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
         self._slot_pool: SlotPool[SlotT] = SlotPool(self._all_slots)
         self._launcher: ThreadPoolExecutor | None = None
         self._collector: ThreadPoolExecutor | None = None
-        self._torch_streams: dict[int, Any] = {}  # slot index -> torch view of its stream
 
     @property
     def accepts_device_frames(self) -> bool:
@@ -107,24 +108,18 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
 
     # -- one batch ------------------------------------------------------------------
 
-    def _torch_stream(self, slot: SlotT) -> Any:
-        """The slot's stream as torch sees it (for ``Tensor.record_stream``)."""
-        found = self._torch_streams.get(slot.index)
-        if found is None:
-            torch: Any = importlib.import_module("torch")
-            found = torch.cuda.ExternalStream(slot.stream.handle)
-            self._torch_streams[slot.index] = found
-        return found
-
     def _upload_frames(self, base: int, frames: Sequence[Any], slot: SlotT) -> None:
         """Copy each frame to consecutive rows at device address ``base``, one copy per
         frame: H2D from the decode pool's pinned buffers, or D2D from device canvases.
 
         A device canvas is complete when it arrives (the decoder waited for its stream),
-        so no cross-stream wait is needed before the copy. ``record_stream`` then tells
-        torch's caching allocator that this slot's stream uses the canvas: its memory is
-        not handed to another decode until the copy queued here has run, even when the
-        frame's caller drops it early (a client gone mid-batch)."""
+        so no cross-stream wait is needed before the copy. The slot keeps a reference to
+        it until the batch's event has completed (:meth:`_run_on_slot`): torch's caching
+        allocator cannot hand its memory to another decode while the copy queued here
+        has yet to run, even when the frame's caller drops it early (a client gone
+        mid-batch). (``Tensor.record_stream`` would do the same inside torch, but it
+        records on the slot's stream at free time, and the slot streams are destroyed
+        when the engine closes while canvases may still be alive.)"""
         rt = self._rt()
         for i, frame in enumerate(frames):
             dst = base + i * frame.nbytes
@@ -132,7 +127,7 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
                 rt.copy_htod_async(dst, np.ascontiguousarray(frame), slot.stream)
             else:
                 rt.copy_dtod_async(dst, frame.data_ptr(), frame.nbytes, slot.stream)
-                frame.record_stream(self._torch_stream(slot))
+                slot.reading.append(frame)
 
     @abstractmethod
     def _launch(self, slot: SlotT, frames: Sequence[U8Array]) -> LayoutT:
@@ -153,6 +148,8 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
                 raise EngineError(
                     f"{self.kind} engine failed on a batch of {len(frames)}: {e}"
                 ) from e
+            finally:
+                slot.reading.clear()  # the copies have run (or the batch failed): let go
             # Megabytes per batch: copied out in a worker thread, not on the event loop.
             return await loop.run_in_executor(
                 self._collector, self._collect, slot, layout, len(frames)
@@ -175,7 +172,6 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
                 await asyncio.to_thread(pool.shutdown, True)
                 setattr(self, name, None)
         self._release_backend()
-        self._torch_streams.clear()
         for slot in self._all_slots:
             slot.close()
         self._all_slots.clear()

@@ -96,9 +96,6 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
     def accepts_device_frames(self) -> bool:
         return self.cuda and self.runtime is not None
 
-    def _torch_stream(self, slot: _Slot) -> Any:
-        return slot.torch_stream
-
     # -- start ----------------------------------------------------------------------
 
     def _start_sync(self) -> None:
