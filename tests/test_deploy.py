@@ -112,6 +112,13 @@ def test_compose_has_the_site_and_every_file_it_names_exists() -> None:
         "dns_sd_configs"
     ]
     assert sd["names"] == ["edge-vision"] and "edge-vision" in services
+    # Auth is on for the nodes, so Prometheus scrapes with an admin token that compose
+    # mounts as a secret at the path prometheus.yml reads.
+    assert node_env["EDGE_VISION_AUTH__ENABLED"] == "true"
+    job = next(j for j in prom["scrape_configs"] if j["job_name"] == "edge-vision")
+    (secret,) = services["prometheus"]["secrets"]
+    assert secret in site["secrets"]
+    assert job["authorization"]["credentials_file"] == f"/run/secrets/{secret}"
     image_port = re.search(
         r"EDGE_VISION_SERVER__PORT=(\d+)", (DEPLOY / "docker/Dockerfile").read_text()
     )
