@@ -368,11 +368,12 @@ class SessionConfig(_Section):
     max_messages_per_s: float = Field(
         120.0,
         ge=0,
-        description="Read budget of one connection: messages read per second (frames, "
-        "settings, pings, bad messages alike), up to message_burst at once. Over it the "
-        "server stops reading that socket (TCP back-pressure) until the budget refills, so "
-        "a flooding client costs what a 120 fps camera costs; in latest mode the frames it "
-        "reads are replaced by newer ones and counted as dropped. 0 turns the budget off.",
+        description="Read budget of one connection: messages read per second, up to "
+        "message_burst at once: frames in latest mode, settings, pings and bad messages (a "
+        "frame admitted in every mode is paced by that queue's back-pressure instead). Over "
+        "it the server stops reading that socket (TCP back-pressure) until the budget "
+        "refills, so a flooding client costs what a 120 fps camera costs; in latest mode the "
+        "frames it reads are replaced by newer ones and counted as dropped. 0: no budget.",
     )
     message_burst: int = Field(
         60,
@@ -539,6 +540,41 @@ class LimitsConfig(_Section):
         return self
 
 
+class ReadConfig(_Section):
+    """Reading the text in the boxes (edge_vision.read; since protocol 2, per session
+    ``settings.read``, off by default)."""
+
+    enabled: bool = Field(
+        True,
+        description="Server-wide switch: false refuses settings.read true (bad_settings). The "
+        "recogniser is loaded when the first session turns reading on.",
+    )
+    max_boxes: int = Field(
+        16,
+        ge=1,
+        description="Most boxes read per frame (best score first); the others come back "
+        "unread (text null) and are read by the next frames.",
+    )
+    model_path: Path | None = Field(
+        None, description="Recogniser ONNX; none means rapidocr's PP-OCRv6_rec_small.onnx."
+    )
+    engine: Literal["auto", "onnxruntime", "torch"] = Field(
+        "auto",
+        description="Engine kind of the recogniser; auto: torch when engine.kind is torch "
+        "(on engine.torch.device, fp16 as engine.torch.fp16), else ONNX Runtime on the CPU.",
+    )
+    threads: int = Field(
+        0, ge=0, description="ONNX Runtime intra-op threads of the recogniser; 0: one per core."
+    )
+    batch: int = Field(8, ge=1, description="Crops per recogniser run (sorted by width).")
+    reread_size_change: float = Field(
+        0.15,
+        ge=0,
+        description="A label already read is read again when its box's width or height "
+        "changed by more than this fraction since; otherwise its text is carried on its track.",
+    )
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
 
@@ -552,6 +588,7 @@ class Config(_Section):
     state: StateConfig = Field(default_factory=StateConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    read: ReadConfig = Field(default_factory=ReadConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 

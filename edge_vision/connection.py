@@ -30,7 +30,7 @@ from .aio import cancel_and_wait, with_timeout, within
 from .budget import FrameLedger, frame_cost, wait_for_room
 from .close_codes import CloseCode
 from .config import Config, session_input_sizes
-from .errors import ClientError, EngineError, FrameSuperseded
+from .errors import ClientError, EngineError, FrameSuperseded, ModelError
 from .metrics import Metrics
 from .pipeline import FramePipeline, FrameResult
 from .receive import (
@@ -81,6 +81,8 @@ class Connection:
         self.protocol = protocol
         # Track ids (since protocol 2): one tracker per connection, fed in reply order.
         self.tracker = Tracker()
+        # Reading text (since protocol 2, settings.read): what this session's labels said.
+        self.reading = ctx.pipeline.reading.session()
         cfg = ctx.config
         self.admission: Admission[FrameMessage] = Admission(session.mode, cfg.session.every_queue)
         self._send_lock = asyncio.Lock()
@@ -279,6 +281,7 @@ class Connection:
                 taken_at,
                 supersede_key=self if latest else None,
                 on_prepared=self._decode_idle.set,
+                reading=self.reading if s.read and self.protocol.at_least(2) else None,
             )
         except FrameSuperseded:
             # Its place is given back now rather than in reply order: held until the frame
@@ -324,9 +327,6 @@ class Connection:
     async def _read(self) -> None:
         cfg = self.ctx.config.server
         while not self.ws.closed:
-            wait = self._budget.take(time.monotonic())
-            if wait > 0:
-                await self._pause_reading(wait)
             await self._wait_for_memory()
             try:
                 msg = await self.ws.receive(timeout=cfg.idle_timeout_s)
@@ -335,10 +335,16 @@ class Connection:
                 return
             if msg.type is WSMsgType.TEXT or msg.type is WSMsgType.BINARY:
                 try:
-                    await self._handle(msg.type, msg.data)
+                    queued_in_order = await self._handle(msg.type, msg.data)
                 except ConnectionDone:
                     return
                 del msg  # not held (up to max_message_bytes) while waiting for the next
+                # The read budget: an 'every' frame that was admitted is paced already (its
+                # queue's back-pressure); anything else spends from the budget.
+                if not queued_in_order:
+                    wait = self._budget.take(time.monotonic())
+                    if wait > 0:
+                        await self._pause_reading(wait)
             elif msg.type is WSMsgType.CLOSE:
                 await self._peer_closed(msg.data)
                 return
@@ -398,7 +404,9 @@ class Connection:
         else:
             log.info("session %s: connection lost (%s)", s.id, type(exc).__name__)
 
-    async def _handle(self, kind: WSMsgType, data: Any) -> None:
+    async def _handle(self, kind: WSMsgType, data: Any) -> bool:
+        """Answer or admit one message. True for a frame admitted in 'every' mode (it
+        waited for room in the queue, so the read budget does not pace it again)."""
         now = time.perf_counter()
         s, m = self.session, self.ctx.metrics
         try:
@@ -414,18 +422,19 @@ class Connection:
             if e.code == "bad_settings":  # not a frame: an error reply, no frame counter
                 m.frames_rejected.labels(e.code).inc()
                 await self.send(reply.client_error(e))
-                return
+                return False
             s.received += 1  # anything else may have been a frame
             m.frames_received.inc()
             await self.send(self._rejected(e))
-            return
+            return False
         if isinstance(parsed, FrameMessage):
             s.received += 1
             s.last_seen = time.time()
             m.frames_received.inc()
             if not await self._charge_memory(parsed):
-                return  # answered with over_memory_budget
+                return False  # answered with over_memory_budget
             self._frames_dropped(await self.admission.put(parsed))
+            return self.admission.mode == "every"
         elif isinstance(parsed, SettingsMessage):
             await self._apply_settings(parsed)
         elif isinstance(parsed, PingMessage):
@@ -435,6 +444,7 @@ class Connection:
                 m.frames_rejected.labels(e.code).inc()
                 text = reply.client_error(e)
             await self.send(text)
+        return False
 
     async def _invalid_text(self) -> None:
         """A text message that is not UTF-8 fails the connection with 1007 (RFC 6455
@@ -463,6 +473,14 @@ class Connection:
             self.ctx.metrics.frames_rejected.labels(err.code).inc()
             await self.send(reply.client_error(err))
             return
+        if msg.read:  # the recogniser loads (once per node) before the answer says read
+            try:
+                await self.ctx.pipeline.reading.reader()
+            except ModelError as e:
+                err = ClientError("bad_settings", f"'read' cannot be turned on: {e}")
+                self.ctx.metrics.frames_rejected.labels(err.code).inc()
+                await self.send(reply.client_error(err))
+                return
         if msg.confidence is not None:
             s.confidence = msg.confidence
         if msg.classes is not None or msg.clear_classes:
@@ -471,6 +489,8 @@ class Connection:
             s.track = msg.track
         if msg.input_size is not None or msg.clear_input_size:
             s.input_size = msg.input_size
+        if msg.read is not None:
+            s.read = msg.read
         if msg.mode is not None and msg.mode != s.mode:
             s.mode = msg.mode
             self._frames_dropped(await self.admission.set_mode(msg.mode))
@@ -478,7 +498,7 @@ class Connection:
                 self._capacity.notify_all()
         self.ctx.keeper.touch(s)
         extra = (
-            {"track": s.track, "input_size": s.input_size}
+            {"track": s.track, "input_size": s.input_size, "read": s.read}
             if self.protocol.settings_extras  # not for v1 (versions.py)
             else None
         )
