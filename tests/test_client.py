@@ -9,6 +9,7 @@ of the close-code table is checked on the classifier itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -437,3 +438,68 @@ async def test_the_examples_in_docs_client_md_run(
     else:
         answered = [line for line in out if "answered" in line]
         assert answered and answered[-1].startswith("5 answered")
+
+
+class DroppingProxy:
+    """A TCP proxy in front of a server whose connections can be cut at once, as a network
+    drop cuts them (no close frame, no FIN from the server)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> DroppingProxy:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def drop_all(self) -> None:
+        for w in self.writers:
+            w.transport.abort()
+        self.writers.clear()
+
+    async def close(self) -> None:
+        self.drop_all()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+@pytest.mark.parametrize("protocol", [1, 2])
+async def test_a_dropped_connection_resumes_the_same_session(
+    server: RunningServer, protocol: int
+) -> None:
+    proxy = await DroppingProxy(server.port).start()
+    try:
+        url = f"ws://127.0.0.1:{proxy.port}/ws"
+        async with camera_client(url, protocol=protocol, mode="every") as client:
+            first = client.hello
+            await client.settings(confidence=0.3)
+            assert_text_found(await client.detect(JPG, frame_id=0))
+            proxy.drop_all()
+            deadline = time.monotonic() + T(30)
+            while client.resumes == 0:
+                assert time.monotonic() < deadline, "the client did not resume"
+                await asyncio.sleep(0.02)
+            res = await client.detect(JPG, frame_id=1)
+            after = client.hello
+    finally:
+        await proxy.close()
+    assert_text_found(res)
+    assert after.resumed and after.session_id == first.session_id
+    assert after.settings.confidence == 0.3 and after.counters.answered == 1
