@@ -129,6 +129,9 @@ class Counters:
     rejected: int = 0
 
 
+_COUNTERS = frozenset(("received", "answered", "dropped", "rejected"))
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What the node accepts (hello ``limits``)."""
@@ -185,7 +188,9 @@ class Hello:
                 formats=tuple(lim.get("formats") or ("jpeg", "png")),
                 binary_frames=bool(lim.get("binary_frames", True)),
             ),
-            counters=Counters(**(obj.get("counters") or {})),
+            counters=Counters(  # counters a newer node adds are in raw, not here
+                **{k: int(v) for k, v in (obj.get("counters") or {}).items() if k in _COUNTERS}
+            ),
             raw=dict(obj),
         )
 

@@ -503,3 +503,22 @@ async def test_a_dropped_connection_resumes_the_same_session(
     assert_text_found(res)
     assert after.resumed and after.session_id == first.session_id
     assert after.settings.confidence == 0.3 and after.counters.answered == 1
+
+
+def test_hello_of_a_newer_node_with_fields_this_client_does_not_know_still_parses() -> None:
+    from edge_vision.client import Hello
+
+    hello = Hello.from_json(
+        {
+            "type": "hello",
+            "protocol": 2,
+            "session_id": "s",
+            "resume_token": "s.t",
+            "settings": {"mode": "latest", "confidence": 0.5, "classes": None, "zoom": 2},
+            "limits": {"max_message_bytes": 10, "new_limit": 3},
+            "counters": {"received": 1, "answered": 1, "dropped": 0, "rejected": 0, "late": 4},
+            "brand_new": {"x": 1},
+        }
+    )
+    assert hello.counters.received == 1 and hello.raw["counters"]["late"] == 4
+    assert hello.limits.max_message_bytes == 10 and hello.raw["brand_new"] == {"x": 1}
