@@ -490,6 +490,9 @@ class Doctor:
                 why_not.append(f"torch: {torch_why}")
         pairs: list[tuple[str, str | None]] = []
         for kind in kinds:
+            if kind == "tensorrt" and self._tensorrt() is None:
+                why_not.append(f"tensorrt: {self._trt_error}")
+                continue
             on_cpu = kind == "torch" and self.config.engine.torch.device.startswith("cpu")
             if kind in ("torch", "tensorrt") and not on_cpu:
                 self._probe_layers()
