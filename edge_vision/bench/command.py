@@ -31,6 +31,12 @@ def register(sub: Any) -> None:
     p.add_argument("--url", help="target a running server's /ws instead of starting one")
     p.add_argument("--cameras", default="4", help="cameras, or a sweep like 1,2,4,8")
     p.add_argument("--fps", type=float, default=15.0, help="frames per second per camera")
+    p.add_argument(
+        "--cameras-per-process",
+        type=int,
+        default=1,
+        help="cameras one load-generator process drives (one event loop); 1: a process each",
+    )
     p.add_argument("--duration", type=float, default=30.0, help="seconds of load per run")
     p.add_argument("--resolution", default="1280x720", help="frame size WxH")
     p.add_argument("--video", type=Path, help="a recorded video to take frames from")
@@ -212,7 +218,7 @@ def _load_run(
 
     server_cpu0 = cpu_seconds(server.proc.pid) if server and server.proc else None
     cameras_cpu0 = children_cpu_seconds()
-    results = run_cameras(plans, on_tick=tick)
+    results = run_cameras(plans, on_tick=tick, cameras_per_process=args.cameras_per_process)
     cameras_cpu = children_cpu_seconds() - cameras_cpu0
     server_cpu1 = cpu_seconds(server.proc.pid) if server and server.proc else None
     server_cpu = (
@@ -270,6 +276,7 @@ def _load_run(
             1000 * server_cpu / answered if server_cpu is not None and answered else None
         ),
         "cameras_cpu_s": cameras_cpu,
+        "cameras_per_process": args.cameras_per_process,
         "rss_mib": {
             "after_5s_min": min(rss_after5, default=float("nan")),
             "after_5s_max": max(rss_after5, default=float("nan")),

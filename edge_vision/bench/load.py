@@ -1,8 +1,10 @@
 """Simulated cameras: separate processes that send real JPEG frames at a fixed rate and time
 each result at the client (send → result), as a camera client sees it.
 
-Each camera is its own process (``multiprocessing`` spawn) so the load generator never
-steals the server's event loop. A camera sends frame ``i`` at ``t0 + i / fps`` whether or
+Cameras run in processes of their own (``multiprocessing`` spawn) so the load generator
+never steals the server's event loop: one camera a process by default, or several
+(``cameras_per_process``: one event loop drives them all), so 64+ cameras do not need 64+
+processes beside the server. A camera sends frame ``i`` at ``t0 + i / fps`` whether or
 not earlier frames were answered (a camera does not wait), matches results to frames by
 ``id``, and reports every latency plus the server's per-stage timings.
 """
@@ -152,18 +154,28 @@ async def run_camera(plan: CameraPlan, progress: Any) -> CameraResult:
     return res
 
 
-def _camera_process(plan: CameraPlan, out: Any, progress: Any) -> None:
-    result = asyncio.run(run_camera(plan, progress))
-    out.put(result)
+def _camera_process(plans: list[CameraPlan], out: Any, progress: Any) -> None:
+    async def drive(plan: CameraPlan) -> None:
+        out.put(await run_camera(plan, progress))
+
+    async def all_of_them() -> None:
+        await asyncio.gather(*(drive(p) for p in plans))
+
+    asyncio.run(all_of_them())
 
 
-def run_cameras(plans: list[CameraPlan], on_tick: Any = None) -> list[CameraResult]:
-    """Run every camera in its own process; ``on_tick(answered_so_far)`` about once a second."""
+def run_cameras(
+    plans: list[CameraPlan], on_tick: Any = None, cameras_per_process: int = 1
+) -> list[CameraResult]:
+    """Run the cameras, ``cameras_per_process`` to a process (one event loop each);
+    ``on_tick(answered_so_far)`` about once a second."""
     ctx = mp.get_context("spawn")
     out: Any = ctx.Queue()
     progress: Any = ctx.Value("l", 0)
+    k = max(1, cameras_per_process)
+    groups = [plans[i : i + k] for i in range(0, len(plans), k)]
     procs = [
-        ctx.Process(target=_camera_process, args=(p, out, progress), daemon=True) for p in plans
+        ctx.Process(target=_camera_process, args=(g, out, progress), daemon=True) for g in groups
     ]
     for p in procs:
         p.start()
