@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,8 @@ async def test_autobahn_cases_1_to_7_9_1_to_9_2_and_10_pass(
         assert proc.returncode == 0, out.decode(errors="replace")[-3000:]
     agent, details = await asyncio.to_thread(_read_reports, outdir)
 
+    summary = Counter(r["behavior"] for r in agent.values())
+    print(f"Autobahn: {len(agent)} cases, {dict(summary)}")
     assert len(agent) >= 250, sorted(agent)  # the whole selection ran (257 cases)
     bad = {
         case: (r["behavior"], r["behaviorClose"], details[case].get("result"))
