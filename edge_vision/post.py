@@ -107,8 +107,8 @@ class DbnetHead:
     One step the reference does not have: a box whose short side (the text's height) after
     the unclip is more than ``max_height_fraction`` of the frame's short side is dropped.
     On photos without fine structure (a cup, a silhouette, a smooth gradient) the model
-    answers with one soft blob centred in its input whose size follows the *input*, about
-    0.6 × its height and 0.8 × its width at every input size tried (640, 960, 1280); the
+    answers with one soft blob centred in its input whose size follows the *input*,
+    0.6-0.8 × its height and 0.7-0.85 × its width at every input size tried (640-1280); the
     unclip then grows it by ``D = A · r / L`` (over 100 input pixels) past every edge, so
     it came back as one box covering the whole frame at 0.7-0.9 (docs/results.md). Text
     whose line is taller than the frame is not text a frame can show whole.

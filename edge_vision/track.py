@@ -127,14 +127,16 @@ class Tracker:
         if not iou.size:
             return
         cand = np.where(rows[:, None] & free_tracks[None, :], iou, 0.0)
-        while True:
-            i, j = np.unravel_index(int(np.argmax(cand)), cand.shape)
-            if cand[i, j] < self.settings.match_iou or cand[i, j] <= 0:
-                return
-            assigned[i] = j
-            free_tracks[j] = False
-            cand[i, :] = 0.0
-            cand[:, j] = 0.0
+        # Only pairs over the threshold can match, and a box overlaps few tracks: sorting
+        # those pairs once keeps this O(k log k), not a scan of the matrix per match.
+        ii, jj = np.nonzero(cand >= max(self.settings.match_iou, 1e-9))
+        taken_det = assigned >= 0
+        for k in np.argsort(-cand[ii, jj], kind="stable"):
+            i, j = int(ii[k]), int(jj[k])
+            if not taken_det[i] and free_tracks[j]:
+                assigned[i] = j
+                taken_det[i] = True
+                free_tracks[j] = False
 
     def _refresh(self, track: Track, box: F64Array, now: float) -> None:
         dt = now - track.seen_at

@@ -38,11 +38,16 @@ function luminance(r, g, b) {
 
 /**
  * Draw detections with a dark halo under a coloured line and a filled label, so both read
- * on any background.
+ * on any background. The outline has the class's colour; a detection with a `track` id
+ * (protocol 2) gets a label in its track's colour naming the track (`#7 93%`), so one
+ * object keeps its tag and tag colour from frame to frame.
+ * Labels never overlap one another: each goes above its box, else inside its top edge,
+ * else below it, else down past the labels already placed.
  * @param {CanvasRenderingContext2D} ctx
- * @param {Array<{box: number[], score: number, class: number, label: string}>} detections
+ * @param {Array<{box: number[], score: number, class: number, label: string, track?: number}>} detections
  * @param {{box: (b: number[]) => number[]}} map frame pixels → canvas pixels
  * @param {number} unit canvas pixels per CSS pixel (line widths and font scale with it)
+ * @returns {Array<{x: number, y: number, w: number, h: number}>} where the labels went
  */
 export function drawDetections(ctx, detections, map, unit) {
   const font = `600 ${Math.round(LABEL_FONT_PX * unit)}px system-ui, -apple-system, sans-serif`;
@@ -51,6 +56,7 @@ export function drawDetections(ctx, detections, map, unit) {
   ctx.lineJoin = "round";
   const labelH = Math.round((LABEL_FONT_PX + 6) * unit);
   const pad = Math.round(4 * unit);
+  const placed = [];
   for (const det of detections) {
     const [x1, y1, x2, y2] = map.box(det.box);
     const w = x2 - x1;
@@ -63,16 +69,39 @@ export function drawDetections(ctx, detections, map, unit) {
     ctx.strokeStyle = colour.css;
     ctx.strokeRect(x1, y1, w, h);
 
-    const text = `${det.label ?? det.class} ${Math.round(det.score * 100)}%`;
+    const name = det.track === undefined ? `${det.label ?? det.class}` : `#${det.track}`;
+    const text = `${name} ${Math.round(det.score * 100)}%`;
     const textW = ctx.measureText(text).width + 2 * pad;
-    // Above the box when there is room, inside its top edge otherwise.
-    const ly = y1 - labelH >= 0 ? y1 - labelH : y1;
     const lx = Math.min(Math.max(0, x1 - unit), Math.max(0, ctx.canvas.width - textW));
-    ctx.fillStyle = colour.css;
-    ctx.fillRect(lx, ly, textW, labelH);
-    ctx.fillStyle = colour.ink;
-    ctx.fillText(text, lx + pad, ly + labelH / 2);
+    const rect = placeLabel(lx, textW, labelH, [y1 - labelH, y1, y2], placed, ctx.canvas.height);
+    placed.push(rect);
+    const tag = det.track === undefined ? colour : classColour(det.track);
+    ctx.fillStyle = tag.css;
+    ctx.fillRect(rect.x, rect.y, rect.w, rect.h);
+    ctx.fillStyle = tag.ink;
+    ctx.fillText(text, rect.x + pad, rect.y + labelH / 2);
   }
+  return placed;
+}
+
+const overlaps = (a, b) =>
+  a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h;
+
+/**
+ * The first of the candidate tops (inside the canvas) where a `w × h` label at `x` meets
+ * no label already placed; failing all, the first top below the candidates that is free.
+ */
+export function placeLabel(x, w, h, tops, placed, height) {
+  const free = (y) => !placed.some((p) => overlaps({ x, y, w, h }, p));
+  for (const y of tops) {
+    if (y >= 0 && y + h <= height && free(y)) return { x, y, w, h };
+  }
+  let y = Math.max(0, tops[0]);
+  for (let guard = 0; guard <= placed.length && !free(y); guard++) {
+    // just below the lowest label this one collides with
+    y = Math.max(...placed.filter((p) => overlaps({ x, y, w, h }, p)).map((p) => p.y + p.h));
+  }
+  return { x, y, w, h };
 }
 
 export class Overlay {

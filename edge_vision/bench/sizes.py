@@ -98,49 +98,25 @@ def our_detections(session: Any, spec: ModelSpec, img: U8Array, long_side: int) 
     return DbnetHead().decode([pred[0]], lb, 0.5)
 
 
-def measure_size(
-    session: Any,
-    spec: ModelSpec,
-    frames: list[U8Array],
-    long_side: int,
-    repeats: int,
-) -> dict[str, Any]:
-    head = DbnetHead()
-    pooled: Agreement | None = None
-    prep_s = infer_s = post_s = 0.0
-    n = 0
-    shape: tuple[int, int] = (0, 0)
+def agreement_at(session: Any, spec: ModelSpec, frames: list[U8Array], long_side: int) -> Agreement:
+    """Our boxes against the reference's on ``frames``, pooled."""
+    pooled = Agreement(0, 0, 0, 0.5, 1.0)
     for img in frames:
-        for r in range(repeats):
-            t0 = time.perf_counter()
-            x, lb = our_input(spec, img, long_side)
-            shape = lb.shape
-            t1 = time.perf_counter()
-            pred = session.run(None, {spec.input_name: x})[0]
-            t2 = time.perf_counter()
-            dets = head.decode([pred[0]], lb, 0.5)
-            t3 = time.perf_counter()
-            if r:  # the first run of each frame warms caches; it is not timed
-                prep_s, infer_s, post_s, n = (
-                    prep_s + t1 - t0,
-                    infer_s + t2 - t1,
-                    post_s + t3 - t2,
-                    n + 1,
-                )
-        a = match_detections(reference_detections(session, img, long_side), dets)
-        pooled = a if pooled is None else pooled + a
-    assert pooled is not None
-    per = 1000.0 / max(n, 1)
-    total_ms = (prep_s + infer_s + post_s) * per
-    return {
-        "long_side": long_side,
-        "input": f"{shape[1]}x{shape[0]}",
-        **pooled.as_dict(),
-        "prep_ms": round(prep_s * per, 2),
-        "infer_ms": round(infer_s * per, 2),
-        "post_ms": round(post_s * per, 2),
-        "frames_per_s": round(1000.0 / total_ms, 2) if total_ms else None,
-    }
+        ref = reference_detections(session, img, long_side)
+        pooled += match_detections(ref, our_detections(session, spec, img, long_side))
+    return pooled
+
+
+def time_frame(session: Any, spec: ModelSpec, img: U8Array, long_side: int) -> tuple[float, ...]:
+    """Seconds for our shape stage, the model and our DB head on one frame."""
+    head = DbnetHead()
+    t0 = time.perf_counter()
+    x, lb = our_input(spec, img, long_side)
+    t1 = time.perf_counter()
+    pred = session.run(None, {spec.input_name: x})[0]
+    t2 = time.perf_counter()
+    head.decode([pred[0]], lb, 0.5)
+    return t1 - t0, t2 - t1, time.perf_counter() - t2
 
 
 def sweep(
@@ -151,6 +127,11 @@ def sweep(
     threads: int = 2,
     repeats: int = 5,
 ) -> list[dict[str, Any]]:
+    """One row per size: agreement with the reference, per-stage ms and frames/s.
+
+    The timing rounds interleave the sizes (one frame at each size in turn), so load from
+    other processes on a shared machine falls on every size alike; each figure is the
+    median over ``repeats`` rounds of all photos, after one untimed warm-up round."""
     import onnxruntime as ort
 
     spec = load_model_spec(ModelConfig(), 1)
@@ -158,9 +139,30 @@ def sweep(
     opts.intra_op_num_threads = threads
     session = ort.InferenceSession(str(spec.path), opts, providers=["CPUExecutionProvider"])
     frames = [photo_frame(p, *frame) for p in photos]
-    # Sizes interleaved over rounds would spread a neighbour's load evenly; one pass per
-    # size is what fits a CI budget, so the table gives ratios within one run.
-    return [measure_size(session, spec, frames, size, max(repeats, 2)) for size in sizes]
+    times: dict[int, list[tuple[float, ...]]] = {size: [] for size in sizes}
+    for r in range(repeats + 1):
+        for img in frames:
+            for size in sizes:
+                t = time_frame(session, spec, img, size)
+                if r:
+                    times[size].append(t)
+    rows = []
+    for size in sizes:
+        med = [float(np.median([t[i] for t in times[size]])) * 1000.0 for i in range(3)]
+        total = float(np.median([sum(t) for t in times[size]])) * 1000.0
+        _, lb = our_input(spec, frames[0], size)
+        rows.append(
+            {
+                "long_side": size,
+                "input": f"{lb.out_w}x{lb.out_h}",
+                **agreement_at(session, spec, frames, size).as_dict(),
+                "prep_ms": round(med[0], 2),
+                "infer_ms": round(med[1], 2),
+                "post_ms": round(med[2], 2),
+                "frames_per_s": round(1000.0 / total, 2),
+            }
+        )
+    return rows
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
