@@ -144,14 +144,14 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
 
     from .cli import setup_logging
     from .engines.tensorrt import build_for_config, profile_for, validate_build_settings
-    from .models import load_model_spec
+    from .models import decide_max_batch, load_model_spec
 
     setup_logging(config.logging.level)
     tcfg = config.engine.tensorrt
     # Refuse impossible settings before TensorRT and the GPU are even opened.
     validate_build_settings(tcfg.precision, tcfg.dla_core, tcfg.calibration_source)
-    spec = load_model_spec(config.model, config.engine.max_batch)
-    profile_for(spec.limits, spec.max_batch, tcfg)
+    spec = load_model_spec(config.model)
+    profile_for(spec.limits, decide_max_batch(spec, config.engine), tcfg)
     calibration_bar: Any = None
 
     def on_calibration_frames(n: int) -> None:

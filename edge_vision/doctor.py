@@ -357,7 +357,7 @@ class Doctor:
         from .models import load_model_spec
 
         config = self._plan_config()
-        spec = load_model_spec(config.model, config.engine.max_batch)
+        spec = load_model_spec(config.model)
         rt = open_runtime(config.engine.cuda_backend)
         try:
             key = current_key(trt, rt, spec, config)
@@ -548,7 +548,7 @@ class Doctor:
             if kind == "torch":  # a GPU's throughput shows at batch sizes above 1 (a plan's
                 # profile is fixed at build time: TensorRT keeps the configured batch)
                 config.engine.max_batch = max(config.engine.max_batch, GPU_BATCH)
-            spec = load_model_spec(config.model, config.engine.max_batch)
+            spec = load_model_spec(config.model)
             name = f"latency {kind}" + (f" ({layer})" if layer else "")
             try:
                 got = asyncio.run(
@@ -618,7 +618,7 @@ async def _serve_one_frame(config: Config, bgr: U8Array, jpeg: bytes) -> dict[st
     from .receive import FrameMessage
     from .shape import letterbox_into, plan_for_frame
 
-    spec = await asyncio.to_thread(load_model_spec, config.model, config.engine.max_batch)
+    spec = await asyncio.to_thread(load_model_spec, config.model)
     lb = plan_for_frame(bgr.shape[1], bgr.shape[0], spec.limits)
     config.engine.warmup_shapes = [(lb.shape[0], lb.shape[1])]
     boxed = np.empty((*lb.shape, 3), np.uint8)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from .config import ModelConfig
+from .config import EngineConfig, ModelConfig
 from .errors import ModelError
 from .shape import InputLimits, Normalisation
 
@@ -67,17 +67,30 @@ class ModelSpec:
     normalisation: Normalisation
     pad_value: int
     limits: InputLimits
-    max_batch: int  # 1 when the ONNX batch dimension is static 1
     labels: tuple[str, ...]
     head: str | None  # None: pick from output shapes after the first inference
     metadata: dict[str, str] = field(default_factory=dict)
-    batch_limit: int | None = None  # the ONNX input's static batch size, if it has one
+    batch_dim: int | None = None  # the ONNX input's static batch size; None: dynamic
 
     def label(self, cls: int) -> str:
         return self.labels[cls] if 0 <= cls < len(self.labels) else f"class_{cls}"
 
     def with_head(self, head: str) -> ModelSpec:
         return replace(self, head=head)
+
+
+def decide_max_batch(spec: ModelSpec, engine: EngineConfig) -> int:
+    """The largest batch for this model and config, decided here once.
+
+    ``engine.max_batch``, capped by the model input's static batch size when it has one.
+    Engines start from this value and may only narrow it
+    (:meth:`~edge_vision.engines.base.Engine.narrow_max_batch`: a TensorRT plan's
+    profile, the max batch Triton's model accepts); the batcher, ``hello`` and
+    ``/metrics`` read the engine's value, and a TensorRT profile is built for this one.
+    """
+    if spec.batch_dim is None:
+        return engine.max_batch
+    return min(engine.max_batch, spec.batch_dim)
 
 
 def _parse_names(raw: str) -> tuple[str, ...]:
@@ -97,8 +110,11 @@ def _dim(d: object) -> int | None:
     return int(value) if value else None
 
 
-def load_model_spec(cfg: ModelConfig, max_batch: int) -> ModelSpec:
-    """Read the configured (or default) ONNX model's I/O and metadata into a spec."""
+def load_model_spec(cfg: ModelConfig) -> ModelSpec:
+    """Read the configured (or default) ONNX model's I/O and metadata into a spec.
+
+    The spec holds what the model says (and ``model.*``), nothing of ``engine.*``: the max
+    batch comes from both and is :func:`decide_max_batch`'s."""
     import onnx
 
     path = cfg.path or default_model_path()
@@ -159,7 +175,6 @@ def load_model_spec(cfg: ModelConfig, max_batch: int) -> ModelSpec:
             )
     else:
         limits = InputLimits(cfg.input_size, stride, cfg.min_side, cfg.max_side)
-    batch = dims[0]
     head = None if cfg.head == "auto" else cfg.head
     return ModelSpec(
         name=path.stem,
@@ -171,9 +186,8 @@ def load_model_spec(cfg: ModelConfig, max_batch: int) -> ModelSpec:
         normalisation=norm,
         pad_value=pad,
         limits=limits,
-        max_batch=min(max_batch, batch) if batch else max_batch,
         labels=labels,
         head=head,
         metadata=meta,
-        batch_limit=batch,
+        batch_dim=dims[0],
     )

@@ -520,7 +520,7 @@ class LocalTarget:
         from .pipeline import FramePipeline, FrameSettings
 
         cfg = self.config
-        spec = await asyncio.to_thread(load_model_spec, cfg.model, cfg.engine.max_batch)
+        spec = await asyncio.to_thread(load_model_spec, cfg.model)
         self.service = InferenceService(spec, cfg)
         await self.service.start()
         self.pipeline = FramePipeline(cfg, self.service)

@@ -435,7 +435,7 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     """Build the application; the engine starts when the app starts."""
     logging.getLogger("edge_vision").setLevel(config.logging.level.upper())
     auth.install_log_redaction()  # whoever logs, no line carries a credential
-    spec = spec or load_model_spec(config.model, config.engine.max_batch)
+    spec = spec or load_model_spec(config.model)
     metrics = Metrics()
     service = InferenceService(spec, config, metrics=metrics)
     pipeline = FramePipeline(config, service)

@@ -51,7 +51,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, default=20, help="timed batches per case")
     args = ap.parse_args()
-    spec = load_model_spec(ModelConfig(), max_batch=4)
+    spec = load_model_spec(ModelConfig())
     workdir = Path(tempfile.mkdtemp(prefix="bench-triton-"))
     triton = TritonProcess(workdir, spec.path)
     await asyncio.to_thread(triton.start)

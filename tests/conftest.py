@@ -20,7 +20,7 @@ from .support.server import RunningServer, make_config, running_server
 @pytest.fixture(scope="session")
 def spec() -> ModelSpec:
     """The embedded PP-OCRv6 text detector, loaded once per test session."""
-    return load_model_spec(ModelConfig(), max_batch=4)
+    return load_model_spec(ModelConfig())
 
 
 @pytest.fixture(autouse=True)

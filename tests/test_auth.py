@@ -44,7 +44,7 @@ API_KEY = "evk_" + "A1b2" * 10
 @pytest.fixture(scope="module")
 def small_spec() -> ModelSpec:
     """The default model at a 320-pixel input: quick on two shared CPU cores."""
-    return load_model_spec(ModelConfig(input_size=320), max_batch=1)
+    return load_model_spec(ModelConfig(input_size=320))
 
 
 def auth_overrides(secret_file: Path, **auth_extra: Any) -> dict[str, Any]:

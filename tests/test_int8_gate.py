@@ -68,7 +68,7 @@ def int8_argv(spec: ModelSpec, tmp_path: Path, *extra: str) -> list[str]:
         "--set",
         "engine.tensorrt.int8_gate_frames=2",
         "--set",
-        "engine.max_batch=4",  # the session's ``spec`` fixture is loaded for 4
+        "engine.max_batch=4",  # the plan's profile: batches of 1..4, as trt_config's
         *extra,
     ]
 

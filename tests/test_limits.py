@@ -39,7 +39,7 @@ SECRET = b"s" * 40
 
 @pytest.fixture(scope="module")
 def small_spec() -> ModelSpec:
-    return load_model_spec(ModelConfig(input_size=320), max_batch=1)
+    return load_model_spec(ModelConfig(input_size=320))
 
 
 def overrides(**limits: Any) -> dict[str, Any]:

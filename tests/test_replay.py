@@ -287,7 +287,7 @@ async def test_realtime_against_a_slow_server_counts_the_servers_drops(
     server_factory: Any, realtime_clip: TextClip, tmp_path: Path
 ) -> None:
     clip = realtime_clip
-    slow_spec = await asyncio.to_thread(load_model_spec, ModelConfig(input_size=1280), 4)
+    slow_spec = await asyncio.to_thread(load_model_spec, ModelConfig(input_size=1280))
     srv = await server_factory(SLOW_ENGINE, slow_spec)
     run = await asyncio.to_thread(
         run_replay, tmp_path, str(clip.path), "--realtime", "--url", srv.ws_url

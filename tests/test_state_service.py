@@ -55,7 +55,7 @@ Factory = Callable[..., Awaitable[RunningServer]]
 @pytest.fixture(scope="module")
 def small_spec() -> ModelSpec:
     """The default model at a 320-pixel input: quick on two shared CPU cores."""
-    return load_model_spec(ModelConfig(input_size=320), max_batch=4)
+    return load_model_spec(ModelConfig(input_size=320))
 
 
 @pytest.fixture

@@ -539,7 +539,7 @@ def trt_config(engine_dir: Path, **tensorrt: Any) -> Any:
             "engine": {
                 "kind": "tensorrt",
                 "fallback": "none",
-                "max_batch": 4,  # the session's ``spec`` fixture is loaded for 4
+                "max_batch": 4,  # the plan's profile: batches of 1..4
                 "in_flight": 2,
                 "warmup_shapes": [[384, 640]],
                 "retry_primary_s": 0,
@@ -814,9 +814,10 @@ async def test_mock_tensorrt_dla_plan_loads_on_its_core_and_pads_batches(
     state, _ = mock_trt
     cfg = trt_config(tmp_path, dla_core=0)
     cfg.model.min_side = cfg.model.max_side = 640
+    cfg.engine.max_batch = 2  # a DLA profile is static: every batch runs as 2
     from edge_vision.models import load_model_spec
 
-    dla_spec = await _to_thread(load_model_spec, cfg.model, 2)
+    dla_spec = await _to_thread(load_model_spec, cfg.model)
     engine = create_engine("tensorrt", dla_spec, cfg)
     await engine.start()
     try:

@@ -30,7 +30,7 @@ def _build(model_path: str | None, threads: int) -> Any:
     from ..post import DbnetHead
     from ..shape import letterbox_into, normalise_into, plan_for_frame
 
-    spec = load_model_spec(ModelConfig(path=model_path), 1)
+    spec = load_model_spec(ModelConfig(path=model_path))
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     session = ort.InferenceSession(str(spec.path), opts, providers=["CPUExecutionProvider"])

@@ -412,7 +412,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     }
     engine_res = None
     if args.engine_only or args.compare or args.ceiling:
-        spec = load_model_spec(config.model, config.engine.max_batch)
+        spec = load_model_spec(config.model)
         sizes = [int(b) for b in args.batches.split(",")] if args.batches else None
         engine_res = asyncio.run(
             _engine_ceiling(spec, config, width, height, args.engine_seconds, sizes)

@@ -134,7 +134,7 @@ def sweep(
     median over ``repeats`` rounds of all photos, after one untimed warm-up round."""
     import onnxruntime as ort
 
-    spec = load_model_spec(ModelConfig(), 1)
+    spec = load_model_spec(ModelConfig())
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     session = ort.InferenceSession(str(spec.path), opts, providers=["CPUExecutionProvider"])

@@ -22,7 +22,7 @@ from ..config import Config
 from ..decode import Allocator
 from ..errors import EngineError
 from ..metrics import Metrics
-from ..models import ModelSpec
+from ..models import ModelSpec, decide_max_batch
 
 U8Array = npt.NDArray[np.uint8]
 S = TypeVar("S")
@@ -44,12 +44,17 @@ class Engine(ABC):
     def __init__(self, spec: ModelSpec, config: Config) -> None:
         self.spec = spec
         self.config = config
+        self._max_batch = decide_max_batch(spec, config.engine)
 
     @property
     def max_batch(self) -> int:
-        """engine.max_batch, or less when the model's batch dimension is static."""
-        configured = self.config.engine.max_batch
-        return min(configured, self.spec.batch_limit or configured)
+        """Largest batch :meth:`infer` takes: :func:`~edge_vision.models.decide_max_batch`'s
+        value, or less once the engine has narrowed it (:meth:`narrow_max_batch`)."""
+        return self._max_batch
+
+    def narrow_max_batch(self, limit: int) -> None:
+        """Lower :attr:`max_batch` to what the backend accepts; it never grows."""
+        self._max_batch = max(1, min(self._max_batch, limit))
 
     @property
     def max_in_flight(self) -> int:

@@ -290,12 +290,7 @@ class TritonEngine(Engine):
         self._local = threading.local()
         self._metrics: TritonMetrics | None = None
         self._stats_task: asyncio.Task[None] | None = None
-        self._max_batch = spec.max_batch
         self._server_version = ""
-
-    @property
-    def max_batch(self) -> int:
-        return self._max_batch
 
     @property
     def max_in_flight(self) -> int:
@@ -379,8 +374,7 @@ class TritonEngine(Engine):
         problems = check_model_io(name, remote, local, self.spec.limits)
         if problems:
             raise EngineMismatch("; ".join(problems))
-        wanted = min(self.spec.max_batch, self.config.engine.max_batch)
-        self._max_batch = engine_max_batch(remote, wanted)
+        self.narrow_max_batch(engine_max_batch(remote, self.max_batch))
         if self._metrics is not None and self.triton.stats_interval_s > 0:
             self._stats_task = asyncio.create_task(self._poll_statistics(), name="triton-stats")
         log.info(
@@ -388,7 +382,7 @@ class TritonEngine(Engine):
             self._server_version,
             where,
             self._model,
-            self._max_batch,
+            self.max_batch,
             self.max_in_flight,
         )
 

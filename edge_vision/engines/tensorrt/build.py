@@ -26,7 +26,7 @@ from ... import __version__
 from ...config import Config
 from ...cuda import CudaRuntime, open_runtime
 from ...errors import ConfigError, EdgeVisionError, EngineError, ModelError
-from ...models import ModelSpec
+from ...models import ModelSpec, decide_max_batch
 from . import int8_gate
 from .calibration import calibration_batches, calibration_frames, entropy_calibrator
 from .library import SINK, import_tensorrt, trt_logger
@@ -84,7 +84,7 @@ def validate_build_settings(
 def current_key(trt: Any, rt: CudaRuntime, spec: ModelSpec, config: Config) -> PlanKey:
     """The key of the plan this model, config, GPU and TensorRT want."""
     tcfg = config.engine.tensorrt
-    profile = profile_for(spec.limits, spec.max_batch, tcfg)
+    profile = profile_for(spec.limits, decide_max_batch(spec, config.engine), tcfg)
     return PlanKey(
         model_name=spec.name,
         model_sha256=spec.sha256,

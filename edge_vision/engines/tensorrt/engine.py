@@ -83,12 +83,6 @@ class TensorRTEngine(GpuEngine[_Slot, _Layout]):
         self._outputs: list[_Output] = []
         self._progress = LogBuildProgress()
 
-    @property
-    def max_batch(self) -> int:
-        if self.profile is None:
-            return self.spec.max_batch
-        return min(self.spec.max_batch, self.profile.batch[2])
-
     # -- start ----------------------------------------------------------------------
 
     def _start_sync(self) -> None:
@@ -152,6 +146,7 @@ class TensorRTEngine(GpuEngine[_Slot, _Layout]):
             self._outputs.append(_Output(name, dtype))
         lo, opt, hi = engine.get_tensor_profile_shape(INPUT, 0)
         self.profile = ShapeProfile.from_shapes(list(lo), list(opt), list(hi))
+        self.narrow_max_batch(self.profile.batch[2])
 
     def _make_slot(self, index: int) -> None:
         """A context with its stream, event and device/pinned buffers for the profile max."""
