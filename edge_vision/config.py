@@ -566,7 +566,13 @@ class ReadConfig(_Section):
     threads: int = Field(
         0, ge=0, description="ONNX Runtime intra-op threads of the recogniser; 0: one per core."
     )
-    batch: int = Field(8, ge=1, description="Crops per recogniser run (sorted by width).")
+    batch: int = Field(
+        6,
+        ge=1,
+        description="Crops per recogniser run, sorted by width; a batch is padded to its "
+        "widest crop and this model's attention sees the padding, so 6, the reference's "
+        "rec_batch_num, gives the reference's strings for the same boxes.",
+    )
     reread_size_change: float = Field(
         0.15,
         ge=0,

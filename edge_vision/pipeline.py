@@ -39,7 +39,8 @@ from .engines import Engine
 from .errors import ClientError
 from .infer import BatchInfo, InferenceService
 from .memory import keep_pool_trimmed
-from .post import Head, filter_classes, make_head
+from .post import DbnetHead, Head, filter_classes, make_head
+from .read import ReadStage, ReadText, SessionReading
 from .receive import FrameMessage, decode_base64
 from .shape import Letterbox, letterbox_into, plan_for_frame
 
@@ -66,6 +67,8 @@ class FrameResult:
     height: int
     detections: F32Array  # (N, 6): x1, y1, x2, y2, score, class in frame pixels
     timing: dict[str, float]  # milliseconds per stage, plus batch size
+    # Since protocol 2, with reading on (read.py): one per detection, None when not read.
+    texts: list[ReadText | None] | None = None
 
 
 def worker_count(configured: int) -> int:
@@ -106,6 +109,8 @@ class FramePipeline:
             in_flight=d.device_streams,
         )
         service.on_engine_change(self._engine_changed)
+        # Reading the boxes' text (read.py): the recogniser loads when a session asks.
+        self.reading = ReadStage(config)
 
     def _engine_changed(self, engine: Engine) -> None:
         # Frames land in pinned memory while a CUDA engine is active, so its H2D copies
@@ -151,6 +156,7 @@ class FramePipeline:
     async def close(self) -> None:
         if self._housekeeping is not None:
             await cancel_and_wait(self._housekeeping)
+        await self.reading.close()
         if self._own_executor:
             await asyncio.to_thread(self.executor.shutdown, True)
 
@@ -210,11 +216,33 @@ class FramePipeline:
             self.budget.release(charged, "decode")
         return _Prepared(canvas, lb, t1 - t0, time.perf_counter() - t1)
 
+    def full_frame(self, frame: FrameMessage) -> tuple[U8Array, Callable[[], None]]:
+        """The frame decoded at its full size on the host, and how to give it back (read
+        stage, worker thread): crops for the recogniser come from the original pixels,
+        not from the engine's smaller input."""
+        data = decode_base64(frame.image) if frame.image_is_base64 else frame.image
+        decoded = self.decoder.decode(data, read_image_header(data), None, self.pool)
+        if decoded.pooled:
+            return decoded.pixels, lambda: self.pool.release(decoded.pixels)
+        return decoded.pixels, lambda: None
+
     def postprocess(
         self, outputs: list[np.ndarray], lb: Letterbox, settings: FrameSettings
     ) -> F32Array:
         dets = self.head.decode(outputs, lb, settings.confidence)
         return filter_classes(dets, settings.classes)
+
+    def postprocess_quads(
+        self, outputs: list[np.ndarray], lb: Letterbox, settings: FrameSettings
+    ) -> tuple[F32Array, F32Array | None]:
+        """:meth:`postprocess` plus each box's rotated rectangle when the head gives them
+        (DbnetHead; ``None`` otherwise): what the read stage straightens."""
+        head = self.head
+        if not isinstance(head, DbnetHead):
+            return self.postprocess(outputs, lb, settings), None
+        dets, quads = head.decode_quads(outputs, lb, settings.confidence)
+        kept = filter_classes(dets, settings.classes)  # one class: all rows or none
+        return kept, quads[: len(kept)]
 
     # -- the async path ---------------------------------------------------------------
 
@@ -226,10 +254,12 @@ class FramePipeline:
         *,
         supersede_key: Hashable | None = None,
         on_prepared: Callable[[], None] | None = None,
+        reading: SessionReading | None = None,
     ) -> FrameResult:
         """Serve one admitted frame. Raises ClientError for bad input, EngineError when no
         engine can serve, FrameSuperseded when a newer frame of ``supersede_key`` took its
-        place before inference. ``on_prepared`` is called once decoding is over."""
+        place before inference. ``on_prepared`` is called once decoding is over.
+        ``reading``: the session's reading state when it reads text (read.py)."""
         loop = asyncio.get_running_loop()
         if self._housekeeping is None:  # started with the first frame, on the serving loop
             d = self.config.decode
@@ -256,17 +286,31 @@ class FramePipeline:
             if not prep.on_device:  # a device canvas is freed when its last user drops it
                 self.pool.release(prep.canvas)
         t_post = time.perf_counter()
-        dets = await loop.run_in_executor(
-            self.executor, self.postprocess, outputs, prep.letterbox, settings
-        )
+        quads = None
+        if reading is None:
+            dets = await loop.run_in_executor(
+                self.executor, self.postprocess, outputs, prep.letterbox, settings
+            )
+        else:
+            dets, quads = await loop.run_in_executor(
+                self.executor, self.postprocess_quads, outputs, prep.letterbox, settings
+            )
         done = time.perf_counter()
-        return FrameResult(
-            frame,
-            prep.letterbox.src_w,
-            prep.letterbox.src_h,
-            dets,
-            _timing(frame, taken_at, prep, batch, t_post, done),
-        )
+        timing = _timing(frame, taken_at, prep, batch, t_post, done)
+        texts = None
+        if reading is not None:
+            texts = await self.reading.read(
+                reading,
+                dets,
+                quads,
+                frame.received_at,
+                lambda: self.full_frame(frame),
+                wait=supersede_key is None,  # latest mode carries, never queues (read.py)
+            )
+            read_done = time.perf_counter()
+            timing["read_ms"] = (read_done - done) * 1000.0
+            timing["server_ms"] = (read_done - frame.received_at) * 1000.0
+        return FrameResult(frame, prep.letterbox.src_w, prep.letterbox.src_h, dets, timing, texts)
 
 
 def _timing(

@@ -124,6 +124,13 @@ class DbnetHead:
     max_height_fraction: float = 0.9
 
     def decode(self, outputs: Sequence[np.ndarray], lb: Letterbox, confidence: float) -> F32Array:
+        return self.decode_quads(outputs, lb, confidence)[0]
+
+    def decode_quads(
+        self, outputs: Sequence[np.ndarray], lb: Letterbox, confidence: float
+    ) -> tuple[F32Array, F32Array]:
+        """:meth:`decode`, plus each detection's rotated rectangle: ``(N, 4, 2)`` corners in
+        frame pixels (``cv2.boxPoints`` order), which the read stage straightens (read.py)."""
         prob = np.asarray(outputs[0], dtype=np.float32).reshape(outputs[0].shape[-2:])
         # Only the letterboxed frame, not the padding, can hold text.
         region = prob[lb.pad_y : lb.pad_y + lb.new_h, lb.pad_x : lb.pad_x + lb.new_w]
@@ -132,6 +139,7 @@ class DbnetHead:
             bitmap = np.asarray(cv2.dilate(bitmap, _DILATION_KERNEL), np.uint8)
         contours, _ = cv2.findContours(bitmap, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
         rows: list[tuple[float, float, float, float, float]] = []
+        quads: list[npt.NDArray[Any]] = []
         for contour in contours[: self.max_candidates]:
             rect = cv2.minAreaRect(contour)
             if min(rect[1]) < self.min_size:
@@ -147,8 +155,9 @@ class DbnetHead:
                 continue  # taller than the frame can hold: a whole-image response, not text
             pts = cv2.boxPoints(grown)
             rows.append((*pts.min(axis=0), *pts.max(axis=0), score))
+            quads.append(pts)
         if not rows:
-            return empty_detections()
+            return empty_detections(), np.zeros((0, 4, 2), np.float32)
         dets = np.zeros((len(rows), 6), np.float32)
         dets[:, :5] = rows
         # Map region pixels to frame pixels: the region starts at the letterbox's origin.
@@ -156,10 +165,11 @@ class DbnetHead:
         dets[:, [0, 2]] = np.clip(np.round(dets[:, [0, 2]] * sx), 0, lb.src_w)
         dets[:, [1, 3]] = np.clip(np.round(dets[:, [1, 3]] * sy), 0, lb.src_h)
         big = (dets[:, 2] - dets[:, 0] > 3) & (dets[:, 3] - dets[:, 1] > 3)
+        corners = np.asarray(quads, np.float32)[big] * np.array((sx, sy), np.float32)
+        corners = np.clip(corners, 0, np.array((lb.src_w, lb.src_h), np.float32))
         dets = dets[big]
-        return np.ascontiguousarray(
-            dets[np.argsort(-dets[:, 4], kind="stable")][: self.max_detections]
-        )
+        order = np.argsort(-dets[:, 4], kind="stable")[: self.max_detections]
+        return np.ascontiguousarray(dets[order]), np.ascontiguousarray(corners[order])
 
 
 _DILATION_KERNEL = np.ones((2, 2), np.uint8)

@@ -58,6 +58,7 @@ class SettingsMessage:
     track: bool | None = None  # since protocol 2: track ids on (default) or off
     input_size: int | None = None  # since protocol 2: engine input long side
     clear_input_size: bool = False  # "input_size": null: back to the server's default
+    read: bool | None = None  # since protocol 2: read the boxes' text (read.py); off default
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +178,7 @@ def decode_base64(payload: bytes) -> bytes:
 
 
 def _settings(obj: dict[str, Any]) -> SettingsMessage:
-    known = {"type", "mode", "confidence", "classes", "track", "input_size"}
+    known = {"type", "mode", "confidence", "classes", "track", "input_size", "read"}
     extra = sorted(set(obj) - known)
     if extra:
         raise ClientError(
@@ -206,6 +207,9 @@ def _settings(obj: dict[str, Any]) -> SettingsMessage:
     size = obj.get("input_size")
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
         raise ClientError("bad_settings", "'input_size' must be a positive integer or null")
+    read = obj.get("read")
+    if read is not None and not isinstance(read, bool):
+        raise ClientError("bad_settings", "'read' must be true or false")
     return SettingsMessage(
         mode=mode,
         confidence=conf,
@@ -214,6 +218,7 @@ def _settings(obj: dict[str, Any]) -> SettingsMessage:
         track=track,
         input_size=size,
         clear_input_size="input_size" in obj and size is None,
+        read=read,
     )
 
 

@@ -82,6 +82,10 @@ def result(
     if tracks is not None:
         for d, track in zip(dets, tracks, strict=True):
             d["track"] = int(track)
+    if res.texts is not None:  # since protocol 2, a session reading text (read.py)
+        for d, read in zip(dets, res.texts, strict=True):
+            d["text"] = read.text if read is not None else None
+            d["text_score"] = round(read.score, 4) if read is not None else None
     timing = {k: (int(v) if k == "batch_size" else round(v, 3)) for k, v in res.timing.items()}
     return _dumps(
         {

@@ -57,6 +57,7 @@ class Session:
     classes: list[int] | None = None
     track: bool = True  # since protocol 2: results carry track ids (track.py)
     input_size: int | None = None  # since protocol 2: None is the server's model.input_size
+    read: bool = False  # since protocol 2: detections carry the text read in them (read.py)
     client: str = ""
     # What the proxy in front (nginx) says the client's address is: shown to admins as
     # reported, never used for a decision, because any client can send the header.
@@ -92,6 +93,7 @@ class Session:
             "classes": self.classes,
             "track": self.track,
             "input_size": self.input_size,
+            "read": self.read,
         }
 
     def counters(self) -> dict[str, int]:
@@ -110,6 +112,7 @@ class Session:
             "classes": json.dumps(self.classes),
             "track": "1" if self.track else "0",
             "input_size": str(self.input_size or ""),
+            "read": "1" if self.read else "0",
             "client": self.client,
             "forwarded_for": self.forwarded_for,
             "user_agent": self.user_agent,
@@ -142,6 +145,7 @@ class Session:
                 classes=[int(c) for c in classes] if isinstance(classes, list) else None,
                 track=rec.get("track", "1") == "1",
                 input_size=int(rec["input_size"]) if rec.get("input_size") else None,
+                read=rec.get("read", "0") == "1",
                 client=rec.get("client", ""),
                 forwarded_for=rec.get("forwarded_for", ""),
                 user_agent=rec.get("user_agent", ""),

@@ -3,7 +3,7 @@
 Why our own and not onnx2torch: the default model needs two things onnx2torch lacks
 (GPU.md): Conv/MaxPool with ``auto_pad=SAME_UPPER``, and Resize scales that stay host
 constants so CUDA graph capture never reads a device tensor back to the host. The
-interpreter covers the operators of PP-OCR det and of Ultralytics YOLO v5/v8/v11 exports
+interpreter covers the operators of PP-OCR det and rec and of Ultralytics YOLO v5/v8/v11 exports
 (ONNX opset 11-17 semantics) and names any other operator in one clear error.
 
 Shape arithmetic (``Shape``, ``Gather`` on shapes, ``Concat`` of shape pieces...) runs on
@@ -428,6 +428,36 @@ def _matmul(m: OnnxGraphModule, a: list[Value], at: dict[str, Any]) -> Value:
     return torch.matmul(a[0], _to_dev(a[1], a[0]))
 
 
+def _average_pool(m: OnnxGraphModule, a: list[Value], at: dict[str, Any]) -> Value:
+    """ONNX AveragePool (2-D): explicit or SAME pads; ``count_include_pad`` as given."""
+    x = a[0]
+    k = list(at["kernel_shape"])
+    s = list(at.get("strides", [1] * len(k)))
+    include = bool(at.get("count_include_pad", 0))
+    ceil = bool(at.get("ceil_mode", 0))
+    auto = at.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = _same_pads(list(x.shape[2:]), k, s, [1] * len(k), auto == "SAME_UPPER")
+    else:
+        pads = _explicit_pads(list(at.get("pads", [0] * 2 * len(k))))
+    if not any(pads):
+        return F.avg_pool2d(x, k, s, 0, ceil_mode=ceil, count_include_pad=include)
+    if include:  # padded zeros count: pad first, then average over whole windows
+        return F.avg_pool2d(F.pad(x, pads), k, s, 0, ceil_mode=ceil, count_include_pad=True)
+    # Padding excluded: the sum over each window divided by how many real pixels it holds.
+    ones = torch.ones_like(x[:1, :1])
+    total = F.avg_pool2d(F.pad(x, pads), k, s, 0, ceil_mode=ceil, count_include_pad=True)
+    count = F.avg_pool2d(F.pad(ones, pads), k, s, 0, ceil_mode=ceil, count_include_pad=True)
+    return total / count
+
+
+def _batch_norm(m: OnnxGraphModule, a: list[Value], at: dict[str, Any]) -> Value:
+    """ONNX BatchNormalization in inference mode: (x - mean) / sqrt(var + eps) * scale + B."""
+    x, scale, bias, mean, var = a[:5]
+    return F.batch_norm(x, mean, var, scale, bias, False, 0.0, float(at.get("epsilon", 1e-5)))
+
+
 def _global_avg_pool(m: OnnxGraphModule, a: list[Value], at: dict[str, Any]) -> Value:
     return a[0].mean(dim=tuple(range(2, a[0].dim())), keepdim=True)
 
@@ -459,6 +489,8 @@ _OPS: dict[str, Op] = {
     "ConvTranspose": _conv_transpose,
     "MaxPool": _max_pool,
     "GlobalAveragePool": _global_avg_pool,
+    "AveragePool": _average_pool,  # the PP-OCR recogniser's (read.py)
+    "BatchNormalization": _batch_norm,
     "ReduceMean": _reduce_mean,
     "Resize": _resize,
     "Concat": _concat,
