@@ -14,7 +14,8 @@ and runs, in this process:
   a message over the size limit (1009), reconnect churn, and a client that never reads
   its replies (closed after ``server.send_timeout_s``). A closed client reconnects.
 
-Every ``--interval`` seconds it records the server's resident memory, open descriptors
+Every ``--interval`` seconds, and every 5 s for ``--settle`` seconds after the clients
+stop (does memory come back?), it records the server's resident memory, open descriptors
 and threads (from /proc), its event-loop tasks, connections and frame counters (from
 /metrics), and the cameras' latency in that interval. Printed as a table, written as
 JSON (``--out``, default bench-results/soak-<time>.json).
@@ -83,7 +84,11 @@ class Soak:
         self.latencies: list[float] = []  # cameras' latencies since the last sample, ms
         self.answered = 0
         self.camera_errors: dict[str, int] = {}
-        self.hostile_sent: dict[str, int] = dict.fromkeys(HOSTILE_KINDS, 0)
+        self.kinds = args.kinds.split(",") if args.kinds else list(HOSTILE_KINDS)
+        unknown = set(self.kinds) - set(HOSTILE_KINDS)
+        if unknown:
+            raise SystemExit(f"unknown hostile kinds {sorted(unknown)}; known: {HOSTILE_KINDS}")
+        self.hostile_sent: dict[str, int] = dict.fromkeys(self.kinds, 0)
         self.replies: dict[str, int] = {}  # error codes and close codes hostile clients got
         self.connect_failures = 0
         self.bomb = _png_of_zeros(6320)
@@ -135,7 +140,7 @@ class Soak:
     async def hostile(self, http: aiohttp.ClientSession, index: int) -> None:
         n = index
         while time.monotonic() < self.until:
-            kind = HOSTILE_KINDS[n % len(HOSTILE_KINDS)]
+            kind = self.kinds[n % len(self.kinds)]
             n += 1
             try:
                 await self._one_hostile(http, kind)
@@ -241,9 +246,11 @@ async def _watch(
         sample["camera_answered_total"] = soak.answered
         sample["camera_latency_ms"] = summary(lat) if lat else None
         samples.append(sample)
-        if time.monotonic() >= soak.until + 5:
+        now = time.monotonic()
+        if now >= soak.until + soak.args.settle:
             return samples
-        await asyncio.sleep(soak.args.interval)
+        # After the clients stop: a sample every 5 s while the server settles.
+        await asyncio.sleep(soak.args.interval if now < soak.until else 5.0)
 
 
 async def _run(
@@ -295,7 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fps", type=float, default=2.0, help="each camera's frame rate")
     ap.add_argument("--hostile", type=int, default=10, help="hostile clients")
     ap.add_argument("--hostile-interval", type=float, default=1.0, help="s between attacks")
+    ap.add_argument(
+        "--kinds", help=f"hostile kinds, comma-separated (default all: {','.join(HOSTILE_KINDS)})"
+    )
     ap.add_argument("--interval", type=float, default=15.0, help="s between samples")
+    ap.add_argument(
+        "--settle", type=float, default=20.0, help="s of samples after the clients stop"
+    )
     ap.add_argument("--url", help="a running server's /ws instead of starting one")
     ap.add_argument("--pid", type=int, help="with --url: the server's pid, to watch its memory")
     ap.add_argument("--max-message-bytes", type=int, default=8 * 1024 * 1024)
