@@ -39,13 +39,29 @@ def _round_up(value: float, stride: int) -> int:
     return int(-(-round(value) // stride) * stride)
 
 
+def side_range(limits: InputLimits) -> tuple[int, int]:
+    """Smallest and largest side :func:`choose_input_shape` can return: its clamp.
+
+    ``model.min_side`` rounded up and ``model.max_side`` rounded down to the stride; and
+    since the long side goes to the target, no side exceeds the stride-rounded target even
+    when ``max_side`` allows more. The TensorRT profile spans exactly this range
+    (:func:`~edge_vision.engines.tensorrt.profile.derive_profile`): a profile no larger
+    keeps the execution contexts' device memory small (it is sized for the profile's
+    maximum), which counts on a Jetson.
+    """
+    lo = _round_up(limits.min_side, limits.stride)
+    hi = limits.max_side - limits.max_side % limits.stride
+    top = _round_up(limits.target, limits.stride)
+    return min(lo, hi), min(max(top, lo), hi)
+
+
 def choose_input_shape(width: int, height: int, limits: InputLimits) -> tuple[int, int]:
-    """Engine input ``(height, width)`` for a frame: aspect kept, stride-rounded, clamped."""
+    """Engine input ``(height, width)`` for a frame: aspect kept, stride-rounded, clamped
+    to :func:`side_range`."""
     if width <= 0 or height <= 0:
         raise ValueError("frame sides must be positive")
     scale = limits.target / max(width, height)
-    lo = _round_up(limits.min_side, limits.stride)
-    hi = limits.max_side - limits.max_side % limits.stride
+    lo, hi = side_range(limits)
     h = min(max(_round_up(height * scale, limits.stride), lo), hi)
     w = min(max(_round_up(width * scale, limits.stride), lo), hi)
     return h, w
@@ -122,13 +138,20 @@ class Normalisation:
     std: tuple[float, float, float]
     rgb: bool  # the model wants RGB (channels reversed from our BGR pixels)
 
+    def scale_shift(self) -> tuple[F32Array, F32Array]:
+        """``x' = x * scale[c] + shift[c]``: ``1 / std`` and ``-mean / std`` as float32
+        ``(3,)`` arrays, the one form every engine applies (on the CPU here, in the
+        torch engine's graph, folded into a TensorRT plan's first layers)."""
+        scale = np.asarray([1.0 / s for s in self.std], np.float32)
+        shift = np.asarray([-m / s for m, s in zip(self.mean, self.std, strict=True)], np.float32)
+        return scale, shift
+
 
 def normalise_into(dst: F32Array, frames: list[U8Array], norm: Normalisation) -> None:
     """uint8 BGR HWC frames → float32 NCHW ``dst`` (``len(frames)`` × 3 × H × W), in place."""
     if dst.shape[0] != len(frames):
         raise ValueError("dst batch size differs from number of frames")
-    scale = np.asarray([1.0 / s for s in norm.std], np.float32)
-    shift = np.asarray([-m / s for m, s in zip(norm.mean, norm.std, strict=True)], np.float32)
+    scale, shift = norm.scale_shift()
     order = (2, 1, 0) if norm.rgb else (0, 1, 2)
     for i, frame in enumerate(frames):
         for c_out, c_in in enumerate(order):

@@ -32,6 +32,7 @@ from edge_vision.shape import (
     letterbox_into,
     normalise_into,
     plan_letterbox,
+    side_range,
 )
 
 from .support.video import read_video, write_image_folder, write_text_clip
@@ -67,7 +68,7 @@ def test_every_shape_the_server_picks_lies_inside_the_derived_profile() -> None:
         for w, h in sizes:
             ih, iw = choose_input_shape(w, h, limits)
             profile.check(8, ih, iw)  # raises when outside
-        lo, hi = plan.side_range(limits)
+        lo, hi = side_range(limits)
         seen = {choose_input_shape(w, h, limits) for w, h in sizes}
         assert min(min(s) for s in seen) == lo and max(max(s) for s in seen) == hi
 

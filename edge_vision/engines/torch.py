@@ -122,11 +122,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         if self.cuda:
             torch.cuda.set_device(self._device)
         self._module = module.to(self._device)
-        norm = self.spec.normalisation
-        scale = torch.tensor([1.0 / s for s in norm.std], dtype=torch.float32)
-        shift = torch.tensor(
-            [-m / s for m, s in zip(norm.mean, norm.std, strict=True)], dtype=torch.float32
-        )
+        scale, shift = (torch.from_numpy(a) for a in self.spec.normalisation.scale_shift())
         self._scale = scale.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._shift = shift.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._dtype = dtype

@@ -13,6 +13,7 @@ from edge_vision.shape import (
     normalise_into,
     plan_for_frame,
     plan_letterbox,
+    side_range,
 )
 
 LIM = InputLimits(target=640, stride=32, min_side=32, max_side=1280)
@@ -37,6 +38,19 @@ def test_choose_input_shape(w: int, h: int, expected: tuple[int, int]) -> None:
 def test_shape_is_clamped_to_profile() -> None:
     lim = InputLimits(target=2000, stride=32, min_side=64, max_side=960)
     assert choose_input_shape(1920, 1080, lim) == (960, 960)
+
+
+def test_side_range_is_the_clamp_and_stops_at_the_rounded_target() -> None:
+    assert side_range(LIM) == (32, 640)  # max_side 1280 allows more; no frame gets there
+    assert side_range(InputLimits(target=650, stride=32, min_side=40, max_side=1280)) == (64, 672)
+    assert side_range(InputLimits(target=640, stride=32, min_side=640, max_side=640)) == (640, 640)
+    sides = {
+        side
+        for w in (1, 100, 640, 1920, 5000)
+        for h in (1, 100, 480, 1080, 5000)
+        for side in choose_input_shape(w, h, LIM)
+    }
+    assert (min(sides), max(sides)) == side_range(LIM)
 
 
 def test_letterbox_centres_and_maps_boxes_back_exactly() -> None:

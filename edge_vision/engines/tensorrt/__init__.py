@@ -57,7 +57,7 @@ from .plan_store import (
     write_cache_atomically,
     write_plan_atomically,
 )
-from .profile import ShapeProfile, calibration_shape, derive_profile, profile_for, side_range
+from .profile import ShapeProfile, calibration_shape, derive_profile, profile_for
 from .progress import BuildProgress, LogBuildProgress
 
 __all__ = [
@@ -96,7 +96,6 @@ __all__ = [
     "profile_for",
     "rebuild_command",
     "refusal_message",
-    "side_range",
     "timing_cache_path",
     "validate_build_settings",
     "wrap_uint8_input",

@@ -62,13 +62,10 @@ def wrap_uint8_input(model: Any, input_name: str, norm: Normalisation) -> Any:
     n, _, h, w = (dim(d) for d in dims)
     new_input = helper.make_tensor_value_info(UINT8_INPUT_NAME, TensorProto.UINT8, [n, h, w, 3])
     p = ADAPTER_PREFIX
-    scale = np.asarray([1.0 / s for s in norm.std], np.float32).reshape(1, 3, 1, 1)
-    shift = np.asarray(
-        [-m / s for m, s in zip(norm.mean, norm.std, strict=True)], np.float32
-    ).reshape(1, 3, 1, 1)
+    scale, shift = norm.scale_shift()
     inits = [
-        numpy_helper.from_array(scale, p + "scale"),
-        numpy_helper.from_array(shift, p + "shift"),
+        numpy_helper.from_array(scale.reshape(1, 3, 1, 1), p + "scale"),
+        numpy_helper.from_array(shift.reshape(1, 3, 1, 1), p + "shift"),
     ]
     nodes = [
         helper.make_node(

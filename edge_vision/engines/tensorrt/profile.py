@@ -2,7 +2,8 @@
 
 Plain code, tested on CPUs (tests/test_trt_plan.py): :func:`derive_profile` makes the
 profile (TensorRT ``IOptimizationProfile``) from the model's input limits and the config,
-so every shape :func:`edge_vision.shape.choose_input_shape` can pick lies inside it, and
+so every shape :func:`edge_vision.shape.choose_input_shape` can pick lies inside it
+(:func:`edge_vision.shape.side_range`, shared with it), and
 :func:`calibration_shape` the fixed shape INT8 calibration runs at.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from ...config import TensorRTConfig
 from ...errors import ConfigError, EngineError
-from ...shape import InputLimits, choose_input_shape
+from ...shape import InputLimits, choose_input_shape, side_range
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,22 +84,6 @@ class ShapeProfile:
             (int(lo[1]), int(opt[1]), int(hi[1])),
             (int(lo[2]), int(opt[2]), int(hi[2])),
         )
-
-
-def side_range(limits: InputLimits) -> tuple[int, int]:
-    """Smallest and largest side :func:`~edge_vision.shape.choose_input_shape` can return.
-
-    The long side goes to the target, so no side exceeds the stride-rounded target even
-    when ``max_side`` allows more; a profile no larger than that keeps the execution
-    contexts' device memory small (it is sized for the profile's maximum), which counts
-    on a Jetson. Same arithmetic as ``choose_input_shape``'s clamp, checked by a test that
-    sweeps frame sizes, so the profile and the shapes the server picks never disagree.
-    """
-    stride = limits.stride
-    lo = -(-limits.min_side // stride) * stride
-    hi = limits.max_side - limits.max_side % stride
-    target = -(-limits.target // stride) * stride
-    return min(lo, hi), min(max(target, lo), hi)
 
 
 def derive_profile(
