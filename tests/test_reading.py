@@ -45,6 +45,7 @@ from .support.clients import connect, frame_binary, recv_type
 from .support.images import Scene, text_scene
 from .support.server import RunningServer
 from .support.timing import T
+from .test_asyncapi import assert_valid_server_message
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -133,12 +134,15 @@ async def test_reading_is_off_by_default_and_a_label_read_once_is_carried(
         ws, _ = await connect(s, server.ws_url)
         await ws.send_bytes(frame_binary(0, None, scene.jpeg(92)))
         off = await recv_type(ws, "result", timeout=60)
-        await turn_reading_on(ws)
+        ack = await turn_reading_on(ws)
         results = []
         for i in range(1, 4):
             await ws.send_bytes(frame_binary(i, None, scene.jpeg(92)))
             results.append(await recv_type(ws, "result", timeout=60))
         await ws.close()
+    assert ack["read"] is True
+    for message in (off, *results):  # docs/asyncapi.yaml describes the new fields
+        assert_valid_server_message(message)
     assert off["detections"] and all("text" not in d for d in off["detections"])
     assert "read_ms" not in off["timing"]
     first, *later = results
