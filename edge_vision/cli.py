@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import Config, cli_overrides, dump_config, load_config
+from .config import Config, cli_overrides, dump_config, engine_kinds, load_config
 from .errors import EdgeVisionError
 
 log = logging.getLogger("edge_vision")
@@ -19,7 +19,7 @@ log = logging.getLogger("edge_vision")
 def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="YAML config file (also EDGE_VISION_CONFIG)")
     p.add_argument("--model", type=Path, help="ONNX model (default: embedded PP-OCRv6 det)")
-    p.add_argument("--engine", help="onnxruntime | torch | tensorrt | triton")
+    p.add_argument("--engine", help=" | ".join(engine_kinds()) + " (engine.kind)")
     p.add_argument(
         "--set",
         action="append",

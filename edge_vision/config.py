@@ -19,10 +19,17 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError
 
@@ -181,7 +188,25 @@ class ModelConfig(_Section):
     dbnet: DbnetConfig = Field(default_factory=DbnetConfig)
 
 
-class OnnxRuntimeConfig(_Section):
+class EngineSection(_Section):
+    """The section ``engine.<kind>`` of one engine kind: a field of :class:`EngineConfig`
+    named after the kind, with what to install for it.
+
+    Declaring one is what makes a kind known; the rest is derived from these fields
+    (:func:`engine_sections`): the values ``engine.kind`` accepts, the lookup of the
+    engine (:func:`edge_vision.engines.create_engine` takes the Engine subclass of module
+    ``edge_vision.engines.<kind>`` whose ``kind`` it is, imported only then), the install
+    hint when that import fails, the CLI's ``--engine`` help and the
+    ``edge_vision_engine_active`` series. An engine's own metrics live in its module.
+    """
+
+    #: What ``pip install`` brings the backend's libraries (said when its import fails).
+    install: ClassVar[str]
+
+
+class OnnxRuntimeConfig(EngineSection):
+    install = "onnxruntime"
+
     threads: int = Field(0, ge=0, description="Intra-op threads; 0 means one per CPU core.")
     providers: list[str] = Field(
         default_factory=lambda: ["CPUExecutionProvider"],
@@ -189,13 +214,17 @@ class OnnxRuntimeConfig(_Section):
     )
 
 
-class TorchConfig(_Section):
+class TorchConfig(EngineSection):
+    install = "torch onnx2torch cuda-python"
+
     device: str = Field("cuda:0", description="Torch device for the converted ONNX graph.")
     fp16: bool = Field(True, description="Run in half precision.")
     cuda_graphs: bool = Field(True, description="Capture a CUDA graph per (batch, shape) bucket.")
 
 
-class TensorRTConfig(_Section):
+class TensorRTConfig(EngineSection):
+    install = "tensorrt cuda-python"
+
     engine_dir: Path = Field(Path("engines"), description="Where plans and their JSON live.")
     precision: Literal["fp32", "fp16", "int8"] = Field("fp16", description="Build precision.")
     workspace_mib: int = Field(2048, ge=64, description="Builder workspace limit.")
@@ -242,7 +271,9 @@ class TensorRTConfig(_Section):
     )
 
 
-class TritonConfig(_Section):
+class TritonConfig(EngineSection):
+    install = "tritonclient[grpc]"
+
     url: str = Field("localhost:8001", description="Triton gRPC endpoint host:port.")
     model_name: str = Field("ppocr_det", description="Model name in Triton's repository.")
     model_version: str = Field("", description="Model version; empty means Triton's policy.")
@@ -266,8 +297,10 @@ class TritonConfig(_Section):
 
 
 class EngineConfig(_Section):
-    kind: Literal["onnxruntime", "torch", "tensorrt", "triton"] = Field(
-        "onnxruntime", description="Which engine runs the network."
+    kind: str = Field(
+        "onnxruntime",
+        description="Which engine runs the network: the name of one of the engine sections "
+        "below (engine_kinds()).",
     )
     fallback: Literal["onnxruntime", "none"] = Field(
         "onnxruntime",
@@ -304,6 +337,30 @@ class EngineConfig(_Section):
     torch: TorchConfig = Field(default_factory=TorchConfig)
     tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)
     triton: TritonConfig = Field(default_factory=TritonConfig)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        kinds = engine_kinds()
+        if kind not in kinds:
+            raise ValueError(f"unknown engine {kind!r}; known: {', '.join(kinds)}")
+        return kind
+
+
+def engine_sections() -> dict[str, type[EngineSection]]:
+    """Every engine kind and its config section: the :class:`EngineSection` fields of
+    :class:`EngineConfig`, in their order there."""
+    found: dict[str, type[EngineSection]] = {}
+    for name, info in EngineConfig.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, EngineSection):
+            found[name] = ann
+    return found
+
+
+def engine_kinds() -> tuple[str, ...]:
+    """The values ``engine.kind`` accepts (:func:`engine_sections`)."""
+    return tuple(engine_sections())
 
 
 class DecodeConfig(_Section):

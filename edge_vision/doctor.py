@@ -431,7 +431,7 @@ class Doctor:
 
     def _engine_config(self, kind: str, cuda_backend: str | None = None) -> Config:
         config = self.config.model_copy(deep=True)
-        config.engine.kind = kind  # type: ignore[assignment]
+        config.engine.kind = kind
         config.engine.fallback = "none"
         config.engine.keep_warm_idle_s = 0
         config.engine.retry_primary_s = 0

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import weakref
+from collections.abc import Callable
 from functools import partial
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .budget import KINDS, MemoryBudget
+from .config import engine_kinds
 from .decode import BufferPool
 from .jetson_metrics import register_jetson_collector
 
+T = TypeVar("T")
+
 STAGES = ("decode", "shape", "queue", "batch_wait", "infer", "post", "server")
-_LATENCY_BUCKETS = (
+LATENCY_BUCKETS = (
     0.001,
     0.0025,
     0.005,
@@ -46,6 +50,7 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self._extensions: dict[Callable[[CollectorRegistry], Any], Any] = {}
         p = "edge_vision_"
         self.frames_received = Counter(p + "frames_received", "Frames received", registry=r)
         self.frames_answered = Counter(p + "frames_answered", "Frames answered", registry=r)
@@ -62,7 +67,7 @@ class Metrics:
             p + "stage_seconds",
             "Per-stage latency",
             ["stage"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         # Children looked up once: .labels() per frame and stage costs a lock and a dict.
@@ -76,13 +81,13 @@ class Metrics:
         self.batch_wait_seconds = Histogram(
             p + "batch_wait_seconds",
             "Oldest frame's wait in the batcher",
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.batch_infer_seconds = Histogram(
             p + "batch_infer_seconds",
             "Engine time per batch",
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.connections = Gauge(p + "connections", "Open WebSocket connections", registry=r)
@@ -178,91 +183,19 @@ class Metrics:
         self.batch_wait_seconds.observe(wait_s)
 
     def set_engine(self, active: str | None, degraded: bool) -> None:
-        for kind in ("onnxruntime", "torch", "tensorrt", "triton"):
+        for kind in engine_kinds():
             self.engine_active.labels(kind).set(1 if kind == active else 0)
         self.engine_degraded.set(1 if degraded else 0)
 
+    def extension(self, factory: Callable[[CollectorRegistry], T]) -> T:
+        """The app's instance of an engine's own metrics (``factory(registry)``, e.g.
+        :class:`edge_vision.engines.triton.TritonMetrics`), made on first use and then
+        shared by every engine of that kind the app loads: a retry after a degrade makes
+        a new engine, not new series (which the registry would refuse)."""
+        found = self._extensions.get(factory)
+        if found is None:
+            found = self._extensions[factory] = factory(self.registry)
+        return found
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class TritonMetrics:
-    """The Triton engine's metrics (``engines/triton.py``), registered once per app registry.
-
-    Client side: the round trip of every request. Server side: Triton's per-model
-    statistics (``ModelStatistics`` of the KServe v2 statistics extension: cumulative
-    nanoseconds in queue and in compute, request/inference/execution counts), read every
-    ``engine.triton.stats_interval_s`` and added as deltas, so they are ordinary counters.
-    They cover every client of that Triton model, not only this node.
-    """
-
-    PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        p = "edge_vision_triton_"
-        r = registry
-        self.request_seconds = Histogram(
-            p + "request_seconds",
-            "Round trip of one inference request to Triton (send, queue, compute, receive)",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.request_failures = Counter(
-            p + "request_failures",
-            "Inference requests to Triton that failed, by gRPC status",
-            ["status"],
-            registry=r,
-        )
-        self.server_seconds = Counter(
-            p + "server_seconds",
-            "Time Triton spent on this model's successful requests, by phase (all clients)",
-            ["phase"],
-            registry=r,
-        )
-        self.server_requests = Counter(
-            p + "server_requests", "Successful requests Triton served for the model", registry=r
-        )
-        self.server_inferences = Counter(
-            p + "server_inferences",
-            "Frames Triton inferred for the model (a batch of 4 counts 4)",
-            registry=r,
-        )
-        self.server_executions = Counter(
-            p + "server_executions",
-            "Model executions; inferences / executions is the batch size Triton ran",
-            registry=r,
-        )
-        self._last: dict[str, int] | None = None
-
-    def observe_server_statistics(self, totals: dict[str, int]) -> None:
-        """Add the growth of Triton's cumulative counters since the previous reading.
-
-        ``totals`` holds ``requests``, ``inferences``, ``executions`` and ``<phase>_ns``.
-        The first reading only sets the baseline; a counter that went down means Triton
-        restarted, and then its whole new value is growth.
-        """
-        last, self._last = self._last, dict(totals)
-        if last is None:
-            return
-
-        def grown(key: str) -> int:
-            now, before = totals.get(key, 0), last.get(key, 0)
-            return now - before if now >= before else now
-
-        self.server_requests.inc(grown("requests"))
-        self.server_inferences.inc(grown("inferences"))
-        self.server_executions.inc(grown("executions"))
-        for phase in self.PHASES:
-            self.server_seconds.labels(phase).inc(grown(phase + "_ns") / 1e9)
-
-
-_TRITON_METRICS: weakref.WeakKeyDictionary[Metrics, TritonMetrics] = weakref.WeakKeyDictionary()
-
-
-def triton_metrics(metrics: Metrics) -> TritonMetrics:
-    """The app's :class:`TritonMetrics`; created on first use, then shared by every Triton
-    engine the app loads (a retry after a degrade makes a new engine, not new metrics)."""
-    found = _TRITON_METRICS.get(metrics)
-    if found is None:
-        found = _TRITON_METRICS[metrics] = TritonMetrics(metrics.registry)
-    return found

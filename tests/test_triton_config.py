@@ -22,13 +22,14 @@ from edge_vision.config import load_config
 from edge_vision.engines.triton import (
     ModelIO,
     TensorInfo,
+    TritonMetrics,
     check_model_io,
     config_model_io,
     engine_max_batch,
     onnx_model_io,
     statistics_totals,
 )
-from edge_vision.metrics import Metrics, triton_metrics
+from edge_vision.metrics import Metrics
 from edge_vision.models import ModelSpec
 
 from .support import kustomize
@@ -177,8 +178,8 @@ def _response(requests: int, inferences: int, executions: int, queue_ns: int) ->
 
 def test_triton_statistics_become_counters_that_survive_a_triton_restart() -> None:
     metrics = Metrics()
-    tm = triton_metrics(metrics)
-    assert triton_metrics(metrics) is tm  # a new engine after a degrade shares them
+    tm = metrics.extension(TritonMetrics)
+    assert metrics.extension(TritonMetrics) is tm  # a new engine after a degrade shares them
 
     def observe(*args: int) -> None:
         totals = statistics_totals(_response(*args), "ppocr_det")

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ..config import Config
+from ..config import Config, engine_sections
 from ..decode import Allocator
 from ..errors import EngineError
 from ..metrics import Metrics
@@ -26,14 +26,6 @@ from ..models import ModelSpec, decide_max_batch
 
 U8Array = npt.NDArray[np.uint8]
 S = TypeVar("S")
-
-# kind -> (module, class, what to install when the import fails)
-_REGISTRY: dict[str, tuple[str, str, str]] = {
-    "onnxruntime": ("edge_vision.engines.onnxruntime", "OnnxRuntimeEngine", "onnxruntime"),
-    "torch": ("edge_vision.engines.torch", "TorchEngine", "torch onnx2torch cuda-python"),
-    "tensorrt": ("edge_vision.engines.tensorrt", "TensorRTEngine", "tensorrt cuda-python"),
-    "triton": ("edge_vision.engines.triton", "TritonEngine", "tritonclient[grpc]"),
-}
 
 
 class Engine(ABC):
@@ -120,19 +112,31 @@ class SlotPool(Generic[S]):
             self._free.put_nowait(slot)
 
 
-def engine_names() -> list[str]:
-    return list(_REGISTRY)
+def engine_class(kind: str) -> type[Engine]:
+    """The Engine subclass of ``kind``: the one in module ``edge_vision.engines.<kind>``
+    whose ``kind`` it is, imported now (not before: optional backends stay unimported).
+    The kinds are the config's engine sections (:func:`edge_vision.config.engine_sections`);
+    a missing library is one clear EngineError naming what to install."""
+    sections = engine_sections()
+    section = sections.get(kind)
+    if section is None:
+        raise EngineError(f"unknown engine {kind!r}; known: {', '.join(sections)}")
+    try:
+        module = importlib.import_module(f"{__package__}.{kind}")
+    except ImportError as e:
+        raise EngineError(
+            f"engine {kind!r} cannot load: {e}. It needs: pip install {section.install}"
+        ) from e
+    found = [
+        v
+        for v in vars(module).values()
+        if isinstance(v, type) and issubclass(v, Engine) and v.__dict__.get("kind") == kind
+    ]
+    if len(found) != 1:
+        raise RuntimeError(f"module {module.__name__} must define one Engine of kind {kind!r}")
+    return found[0]
 
 
 def create_engine(kind: str, spec: ModelSpec, config: Config) -> Engine:
-    """Instantiate the engine named ``kind``; a missing library is one clear EngineError."""
-    try:
-        module_name, cls_name, needs = _REGISTRY[kind]
-    except KeyError:
-        raise EngineError(f"unknown engine {kind!r}; known: {', '.join(_REGISTRY)}") from None
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise EngineError(f"engine {kind!r} cannot load: {e}. It needs: pip install {needs}") from e
-    cls: type[Engine] = getattr(module, cls_name)
-    return cls(spec, config)
+    """Instantiate the engine of ``kind`` (:func:`engine_class`)."""
+    return engine_class(kind)(spec, config)

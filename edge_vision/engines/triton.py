@@ -35,12 +35,13 @@ from typing import Any
 import grpc
 import numpy as np
 import numpy.typing as npt
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ..aio import cancel_and_wait
 from ..config import Config
 from ..errors import ConfigError, EngineError, EngineMismatch, EngineUnavailable
-from ..metrics import Metrics, TritonMetrics, triton_metrics
+from ..metrics import LATENCY_BUCKETS, Metrics
 from ..models import ModelSpec
 from ..shape import InputLimits, normalise_into
 from .base import Engine, U8Array
@@ -247,6 +248,76 @@ def statistics_totals(response: Any, model_name: str) -> dict[str, int] | None:
     return totals if found else None
 
 
+class TritonMetrics:
+    """The Triton engine's own metrics, made once per app (:meth:`Metrics.extension`).
+
+    Client side: the round trip of every request. Server side: Triton's per-model
+    statistics (``ModelStatistics`` of the KServe v2 statistics extension: cumulative
+    nanoseconds in queue and in compute, request/inference/execution counts), read every
+    ``engine.triton.stats_interval_s`` and added as deltas, so they are ordinary counters.
+    They cover every client of that Triton model, not only this node.
+    """
+
+    PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = "edge_vision_triton_"
+        r = registry
+        self.request_seconds = Histogram(
+            p + "request_seconds",
+            "Round trip of one inference request to Triton (send, queue, compute, receive)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.request_failures = Counter(
+            p + "request_failures",
+            "Inference requests to Triton that failed, by gRPC status",
+            ["status"],
+            registry=r,
+        )
+        self.server_seconds = Counter(
+            p + "server_seconds",
+            "Time Triton spent on this model's successful requests, by phase (all clients)",
+            ["phase"],
+            registry=r,
+        )
+        self.server_requests = Counter(
+            p + "server_requests", "Successful requests Triton served for the model", registry=r
+        )
+        self.server_inferences = Counter(
+            p + "server_inferences",
+            "Frames Triton inferred for the model (a batch of 4 counts 4)",
+            registry=r,
+        )
+        self.server_executions = Counter(
+            p + "server_executions",
+            "Model executions; inferences / executions is the batch size Triton ran",
+            registry=r,
+        )
+        self._last: dict[str, int] | None = None
+
+    def observe_server_statistics(self, totals: dict[str, int]) -> None:
+        """Add the growth of Triton's cumulative counters since the previous reading.
+
+        ``totals`` holds ``requests``, ``inferences``, ``executions`` and ``<phase>_ns``.
+        The first reading only sets the baseline; a counter that went down means Triton
+        restarted, and then its whole new value is growth.
+        """
+        last, self._last = self._last, dict(totals)
+        if last is None:
+            return
+
+        def grown(key: str) -> int:
+            now, before = totals.get(key, 0), last.get(key, 0)
+            return now - before if now >= before else now
+
+        self.server_requests.inc(grown("requests"))
+        self.server_inferences.inc(grown("inferences"))
+        self.server_executions.inc(grown("executions"))
+        for phase in self.PHASES:
+            self.server_seconds.labels(phase).inc(grown(phase + "_ns") / 1e9)
+
+
 def _status(e: grpc.RpcError) -> str:
     code = e.code() if hasattr(e, "code") else None
     return str(getattr(code, "name", "UNKNOWN"))
@@ -302,7 +373,7 @@ class TritonEngine(Engine):
         return f"{self.triton.model_name!r}{version}"
 
     def bind_metrics(self, metrics: Metrics) -> None:
-        self._metrics = triton_metrics(metrics)
+        self._metrics = metrics.extension(TritonMetrics)
 
     def _call_timeout(self) -> float:
         """Deadline for the small control calls (readiness, metadata, statistics)."""
