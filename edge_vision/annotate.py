@@ -72,7 +72,8 @@ def _label(
 
 
 def draw_detections(img: U8Array, detections: Sequence[dict[str, Any]]) -> None:
-    """Protocol detections (``box``, ``score``, ``class``, ``label``) drawn in place."""
+    """Protocol detections (``box``, ``score``, ``class``, ``label``) drawn in place; a
+    detection with ``text`` is labelled with the text read in it instead of its label."""
     font, th = _scale(img.shape[0])
     for det in detections:
         x1, y1, x2, y2 = (round(v) for v in det["box"])
@@ -81,7 +82,11 @@ def draw_detections(img: U8Array, detections: Sequence[dict[str, Any]]) -> None:
         # A dark outline keeps the box visible on a background of its own colour.
         cv2.rectangle(img, (x1, y1), (x2, y2), (0, 0, 0), th + 2)
         cv2.rectangle(img, (x1, y1), (x2, y2), colour, th)
-        _label(img, f"{det.get('label', cls)} {det['score']:.2f}", x1, y1, colour, font, th)
+        name = det.get("label", cls)
+        text = det.get("text")  # since protocol 2, a session reading text (read.py)
+        if text:  # OpenCV's Hershey fonts draw ASCII only: anything else shows as '?'
+            name = "".join(c if " " <= c <= "~" else "?" for c in text)
+        _label(img, f"{name} {det['score']:.2f}", x1, y1, colour, font, th)
 
 
 def mark_no_result(img: U8Array, reason: str) -> None:

@@ -115,6 +115,7 @@ class ReplayOptions:
     progress: bool | None = None  # None: when stderr is a terminal
     confidence: float | None = None
     classes: list[int] | None = None
+    read: bool = False  # since protocol 2: read the text in the boxes (read.py)
     jpeg_quality: int = 90
     in_flight: int | None = None  # every-frame: frames in flight (session.every_in_flight)
     timeout_s: float = 30.0  # connect, and longest wait for a server's answer
@@ -496,9 +497,12 @@ class LocalTarget:
         confidence: float | None,
         classes: list[int] | None,
         deliver: Deliver,
+        *,
+        read: bool = False,
     ) -> None:
         self.config = config
         self.mode = mode
+        self._read = read
         self.deliver = deliver
         self._in_flight_opt = in_flight
         self._confidence = config.model.confidence if confidence is None else confidence
@@ -525,6 +529,10 @@ class LocalTarget:
         await self.service.start()
         self.pipeline = FramePipeline(cfg, self.service)
         self.settings: FrameSettings = FrameSettings(self._confidence, self._classes)
+        self.reading = None
+        if self._read:  # as a server session with read on; fails here, not per frame
+            await self.pipeline.reading.reader()
+            self.reading = self.pipeline.reading.session()
         engine = self.service.engine
         self.description = f"in-process {engine.kind if engine else cfg.engine.kind}"
         # The server's own limits for a connection (docs/protocol.md, admission): latest
@@ -568,7 +576,9 @@ class LocalTarget:
         if pipeline is None or service is None:
             raise RuntimeError("LocalTarget used before start()")
         try:
-            res = await pipeline.process(job.message, self.settings, time.perf_counter())
+            res = await pipeline.process(
+                job.message, self.settings, time.perf_counter(), reading=self.reading
+            )
             latency = (time.perf_counter() - job.message.received_at) * 1000.0
             result = orjson.loads(reply.result(res, service.spec.label, self._dropped))
             outcome = Outcome("answered", result=result, latency_ms=latency)
@@ -663,8 +673,10 @@ class RemoteTarget:
                     f"cannot connect to {self.description}: {e or type(e).__name__}"
                 ) from None
         self.hello = await self._expect("hello")
-        if self.opts.confidence is not None or self.opts.classes is not None:
+        if self.opts.confidence is not None or self.opts.classes is not None or self.opts.read:
             settings: dict[str, Any] = {"type": "settings"}
+            if self.opts.read:
+                settings["read"] = True
             if self.opts.confidence is not None:
                 settings["confidence"] = self.opts.confidence
             if self.opts.classes is not None:
@@ -905,7 +917,13 @@ class Replay:
         if self.config is None:
             raise RuntimeError("in-process replay needs a Config")
         return LocalTarget(
-            self.config, mode, opts.in_flight, opts.confidence, opts.classes, self.deliver
+            self.config,
+            mode,
+            opts.in_flight,
+            opts.confidence,
+            opts.classes,
+            self.deliver,
+            read=opts.read,
         )
 
     def _on_signal(self, sig: int) -> None:
@@ -1116,6 +1134,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     frames = p.add_argument_group("frames")
     frames.add_argument("--confidence", type=float, help="score threshold (model.confidence)")
     frames.add_argument("--classes", type=_classes, help="only these class indices, e.g. 0,2")
+    frames.add_argument(
+        "--read",
+        action="store_true",
+        help="read the text in the boxes (settings.read): the JSONL and video carry it",
+    )
     frames.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality sent (90)")
     frames.add_argument(
         "--in-flight",
@@ -1155,6 +1178,7 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
         progress=args.progress,
         confidence=args.confidence,
         classes=args.classes,
+        read=args.read,
         jpeg_quality=args.jpeg_quality,
         in_flight=args.in_flight,
         timeout_s=args.timeout,

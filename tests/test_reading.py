@@ -19,11 +19,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import cv2
 import numpy as np
+import orjson
 import pytest
 
 from edge_vision.agreement import match_detections, pairwise_iou
@@ -360,3 +362,42 @@ def test_cv2_is_the_one_resampler() -> None:
     x = recogniser_batches([img], 1)[0][1][0]
     want = cv2.resize(img, (192, 48)).astype(np.float32).transpose(2, 0, 1) / 127.5 - 1.0
     assert np.allclose(x[:, :, :192], want, atol=1e-5)
+
+
+# -- replay and the annotated video ---------------------------------------------------------
+
+
+def test_replay_with_read_writes_the_text_to_the_jsonl_and_the_video(tmp_path: Path) -> None:
+    from edge_vision import replay
+
+    from .support.video import read_video, write_text_clip
+
+    clip = write_text_clip(tmp_path / "clip.mp4", frames=10, text="LOT 0042-ZK")
+    jsonl, video = tmp_path / "run.jsonl", tmp_path / "run.mp4"
+    argv = [str(clip.path), "--every-frame", "--read", "--jsonl", str(jsonl)]
+    code = replay.main([*argv, "--out", str(video), "--no-progress"])
+    assert code == 0
+    lines = [orjson.loads(line) for line in jsonl.read_bytes().splitlines()]
+    assert len(lines) == clip.frames
+    read = []
+    for line, box in zip(lines, clip.boxes, strict=True):
+        hits = [d for d in line["detections"] if iou(d["box"], box) >= 0.3]
+        read.append(hits[0]["text"] if hits else None)
+        assert "read_ms" in line["timing"]
+    assert read.count("LOT 0042-ZK") >= 0.9 * clip.frames, read
+    frames, _ = read_video(video)
+    assert len(frames) == clip.frames
+
+
+def test_the_annotated_frame_labels_a_box_with_its_text() -> None:
+    from edge_vision.annotate import draw_detections
+
+    det = {"box": [40, 60, 300, 100], "score": 0.9, "class": 0, "label": "text"}
+    plain = np.zeros((200, 400, 3), np.uint8)
+    with_text = plain.copy()
+    draw_detections(plain, [det])
+    draw_detections(with_text, [{**det, "text": "LOT 0042-ZK 99x"}])
+    label_row = slice(30, 60)  # the label sits just above the box
+    lit_plain = int((plain[label_row] > 0).any(axis=2).sum())
+    lit_text = int((with_text[label_row] > 0).any(axis=2).sum())
+    assert lit_text > lit_plain * 1.5  # a longer label: the text, not "text 0.90"
