@@ -436,7 +436,7 @@ class SessionReading:
         width or height changed by more than ``reread_size_change`` since it was read."""
         dets = np.asarray(detections, dtype=np.float64).reshape(-1, 6)
         ids = self.tracker.update(dets, now).tolist()
-        live = {t.id for t in self.tracker.tracks}
+        live = set(self.tracker.track_ids)
         for gone in [k for k in self._known if k not in live]:
             del self._known[gone]
         texts: list[ReadText | None] = []
@@ -595,7 +595,9 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
     ``--compare``) the torch path's agreement with ONNX Runtime on the CPU."""
     rng = np.random.default_rng(0)
     path = Path(args.model) if args.model else None
-    rec = load_recogniser(path, args.engine, threads=args.threads, device=args.device)
+    rec = load_recogniser(
+        path, args.engine, threads=args.threads, device=args.device, fp16=not args.fp32
+    )
     reader = TextReader(rec, args.batch)
     reader.warm_up()
     crops = _sample_crops(rng, args.boxes)
@@ -649,6 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--engine", choices=["onnxruntime", "torch"], default="onnxruntime")
     ap.add_argument("--device", default="cuda:0", help="torch device (--engine torch)")
+    ap.add_argument("--fp32", action="store_true", help="torch in FP32 (default FP16 on CUDA)")
     ap.add_argument("--model", default="", help="recogniser ONNX; default: rapidocr's")
     ap.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads; 0: cores")
     ap.add_argument("--boxes", type=int, default=8, help="crops read per frame")

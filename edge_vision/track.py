@@ -23,6 +23,13 @@ Associating Every Detection Box", ECCV 2022), with IoU as the only affinity:
    a label seen in every frame keeps its id however far apart the frames are.
 
 Ids count up from 1 per tracker and are never reused within a session.
+
+Cost: the tracks are held as arrays (one row per track), so an update is a handful of
+numpy operations on the (detections × tracks) IoU matrix plus a greedy pass over the
+pairs that overlap enough, not Python work per track: 300 boxes take about a
+millisecond (docs/results.md, ``python -m edge_vision.bench.tracker``). It runs on the
+event loop, in reply order (connection.py), which keeps one session's updates in frame
+order and never two at once.
 """
 
 from __future__ import annotations
@@ -32,15 +39,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from .agreement import pairwise_iou
-
-F32Array = npt.NDArray[np.float32]
 F64Array = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(slots=True)
 class Track:
+    """One track as :attr:`Tracker.tracks` shows it (a copy: the tracker holds arrays)."""
+
     id: int
     box: F64Array  # x1, y1, x2, y2 when last seen, frame pixels
     seen_at: float  # seconds
@@ -66,14 +73,139 @@ class TrackerSettings:
     max_coast_s: float = 1.0
 
 
+# Up to this many (box, box) pairs all are computed: cheaper than sorting for the sweep.
+_DENSE_PAIRS = 1024
+
+
+def overlapping_pairs(
+    a: F64Array, b: F64Array, threshold: float
+) -> tuple[IntArray, IntArray, F64Array]:
+    """The pairs of a box in ``a`` (M, 4) and one in ``b`` (N, 4) with IoU ≥ ``threshold``
+    (> 0): their rows in ``a``, rows in ``b`` and IoUs, in row-major order.
+
+    The same pairs as thresholding the full (M, N) IoU matrix, without computing it: with
+    ``b`` sorted by left edge, only the boxes whose left edge lies in
+    ``(a.x1 - widest b, a.x2)`` can overlap a box of ``a`` at all (sort and sweep; or the
+    same in y), and a box overlaps few others, so the cost follows the candidate pairs,
+    not M × N."""
+    empty = np.zeros(0, dtype=np.int64)
+    if not len(a) or not len(b):
+        return empty, empty, np.zeros(0)
+    if len(a) * len(b) <= _DENSE_PAIRS:  # few boxes: the whole matrix
+        full = _iou(a[:, None, :], b[None, :, :])
+        ii, jj = np.nonzero(full >= max(threshold, 1e-9))
+        return ii.astype(np.int64), jj.astype(np.int64), full[ii, jj]
+    # Along x or y, whichever leaves fewer candidates (lines of a page are apart in y;
+    # labels along a shelf are apart in x).
+    order, lo, counts = min(
+        (_sweep(a, b, axis) for axis in (0, 1)), key=lambda sw: int(sw[2].sum())
+    )
+    total = int(counts.sum())
+    if not total:
+        return empty, empty, np.zeros(0)
+    ii = np.repeat(np.arange(len(a), dtype=np.int64), counts)
+    starts = np.cumsum(counts) - counts  # where each row's candidates begin
+    jj = order[np.repeat(lo, counts) + np.arange(total) - np.repeat(starts, counts)]
+    iou = _iou(a[ii], b[jj])
+    keep = iou >= max(threshold, 1e-9)
+    ii, jj, iou = ii[keep], jj[keep], iou[keep]
+    rm = np.lexsort((jj, ii))  # row-major, as np.nonzero of the matrix gives them
+    return ii[rm], jj[rm], iou[rm]
+
+
+def _iou(a: F64Array, b: F64Array) -> F64Array:
+    """IoU of boxes ``a`` and ``b`` (``(..., 4)``, broadcast); 0 where the union is empty."""
+    w = np.minimum(a[..., 2], b[..., 2]) - np.maximum(a[..., 0], b[..., 0])
+    h = np.minimum(a[..., 3], b[..., 3]) - np.maximum(a[..., 1], b[..., 1])
+    inter = np.maximum(w, 0.0) * np.maximum(h, 0.0)
+    area_a = np.maximum(a[..., 2] - a[..., 0], 0.0) * np.maximum(a[..., 3] - a[..., 1], 0.0)
+    area_b = np.maximum(b[..., 2] - b[..., 0], 0.0) * np.maximum(b[..., 3] - b[..., 1], 0.0)
+    union = area_a + area_b - inter
+    out: F64Array = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    return out
+
+
+def _sweep(a: F64Array, b: F64Array, axis: int) -> tuple[IntArray, IntArray, IntArray]:
+    """``b``'s order along ``axis`` (0: x, 1: y) and, per box of ``a``, where its
+    candidates begin in that order and how many there are."""
+    order = np.argsort(b[:, axis], kind="stable")
+    start = b[order, axis]
+    longest = max(float(np.max(b[:, axis + 2] - b[:, axis])), 0.0)
+    lo = np.searchsorted(start, a[:, axis] - longest, side="right")
+    hi = np.searchsorted(start, a[:, axis + 2], side="left")
+    return order, lo, np.maximum(hi - lo, 0)
+
+
+def greedy_pairs(
+    rows: IntArray,
+    cols: IntArray,
+    iou: F64Array,
+    shape: tuple[int, int],
+    stages: list[BoolArray],
+) -> tuple[IntArray, IntArray]:
+    """Greedy best-IoU-first matching of rows (detections) to columns (tracks), in stages.
+
+    ``rows``, ``cols``, ``iou``: the candidate pairs (:func:`overlapping_pairs`, row-major)
+    of a ``shape`` matrix. Stage ``k`` matches the rows in ``stages[k]`` to the columns no
+    earlier stage took. Within a stage the pairs are taken best first (ties: lower row,
+    then lower column), each row and column at most once. Returns the matched rows and
+    their columns, in the order they were matched."""
+    if not len(rows):
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty
+    # Sorted once; the pass below is one step per candidate pair (few per box).
+    order = np.argsort(-iou, kind="stable")
+    ii, jj = rows[order], cols[order]
+    taken_row = np.zeros(shape[0], dtype=bool)
+    taken_col = np.zeros(shape[1], dtype=bool)
+    out_rows: list[int] = []
+    out_cols: list[int] = []
+    for stage in stages:
+        sel = stage[ii]
+        for i, j in zip(ii[sel].tolist(), jj[sel].tolist(), strict=True):
+            if not taken_row[i] and not taken_col[j]:
+                taken_row[i] = taken_col[j] = True
+                out_rows.append(i)
+                out_cols.append(j)
+    return np.asarray(out_rows, dtype=np.int64), np.asarray(out_cols, dtype=np.int64)
+
+
 class Tracker:
-    """ByteTrack-style two-stage IoU association with a constant-velocity motion estimate."""
+    """ByteTrack-style two-stage IoU association with a constant-velocity motion estimate.
+
+    The tracks live in parallel arrays, one row per track, oldest first."""
 
     def __init__(self, settings: TrackerSettings | None = None) -> None:
         self.settings = settings or TrackerSettings()
-        self.tracks: list[Track] = []
+        self._ids: IntArray = np.zeros(0, dtype=np.int64)
+        self._box: F64Array = np.zeros((0, 4))  # when last seen, frame pixels
+        self._seen: F64Array = np.zeros(0)  # seconds
+        self._vel: F64Array = np.zeros((0, 4))  # pixels per second, per edge
+        self._hits: IntArray = np.zeros(0, dtype=np.int64)
+        self._misses: IntArray = np.zeros(0, dtype=np.int64)  # updates since last seen
         self._next_id = 1
         self._last_t: float | None = None
+
+    @property
+    def track_ids(self) -> list[int]:
+        """The ids of the tracks alive now (seen, or kept through a short miss)."""
+        ids: list[int] = self._ids.tolist()
+        return ids
+
+    @property
+    def tracks(self) -> list[Track]:
+        """The live tracks, as copies (for inspection; :attr:`track_ids` is cheaper)."""
+        return [
+            Track(
+                int(self._ids[k]),
+                self._box[k].copy(),
+                float(self._seen[k]),
+                self._vel[k].copy(),
+                int(self._hits[k]),
+                int(self._misses[k]),
+            )
+            for k in range(len(self._ids))
+        ]
 
     def update(self, detections: npt.NDArray[np.floating], now: float) -> IntArray:
         """Track ids for ``detections`` (``(N, >=5)``: box then score) seen at ``now`` (s).
@@ -84,67 +216,59 @@ class Tracker:
         if self._last_t is not None and now < self._last_t:
             now = self._last_t
         self._last_t = now
-        self.tracks = [
-            t for t in self.tracks if t.misses < cfg.keep_frames or now - t.seen_at <= cfg.keep_s
-        ]
+        keep = (self._misses < cfg.keep_frames) | (now - self._seen <= cfg.keep_s)
+        if not keep.all():
+            self._select(keep)
+        self._misses += 1  # set back to 0 below for the tracks this frame matches
         dets = np.asarray(detections, dtype=np.float64)
-        for t in self.tracks:  # set back to 0 below for the tracks this frame matches
-            t.misses += 1
         if dets.size == 0:
             return np.zeros(0, dtype=np.int64)
-        ids = np.zeros(len(dets), dtype=np.int64)
+        dets = dets.reshape(len(dets), -1)
         boxes = dets[:, :4]
-        scores = dets[:, 4]
-        predicted = np.array(
-            [t.predict(min(now, t.seen_at + cfg.max_coast_s)) for t in self.tracks]
-        ).reshape(-1, 4)
-        iou = pairwise_iou(boxes, predicted).astype(np.float64)
-        free_tracks = np.ones(len(self.tracks), dtype=bool)
-        assigned = np.full(len(dets), -1, dtype=np.int64)
-        high = scores >= cfg.high_score
-        for stage in (high, ~high):
-            self._associate(iou, stage, free_tracks, assigned)
-        for i in range(len(dets)):
-            j = int(assigned[i])
-            if j >= 0:
-                track = self.tracks[j]
-                self._refresh(track, boxes[i], now)
-            else:
-                track = Track(self._next_id, boxes[i].copy(), now)
-                self._next_id += 1
-                self.tracks.append(track)
-            ids[i] = track.id
+        high = dets[:, 4] >= cfg.high_score
+        coast = np.minimum(now - self._seen, cfg.max_coast_s)
+        predicted = self._box + self._vel * coast[:, None]
+        ii, jj, iou = overlapping_pairs(boxes, predicted, cfg.match_iou)
+        shape = (len(dets), len(predicted))
+        rows, cols = greedy_pairs(ii, jj, iou, shape, [high, ~high])
+        ids = np.zeros(len(dets), dtype=np.int64)
+        if len(rows):
+            ids[rows] = self._ids[cols]
+            self._refresh(cols, boxes[rows], now)
+        new = np.ones(len(dets), dtype=bool)
+        new[rows] = False
+        n_new = int(new.sum())
+        if n_new:
+            fresh = np.arange(self._next_id, self._next_id + n_new, dtype=np.int64)
+            self._next_id += n_new
+            ids[new] = fresh
+            self._ids = np.concatenate([self._ids, fresh])
+            self._box = np.concatenate([self._box, boxes[new]])
+            self._seen = np.concatenate([self._seen, np.full(n_new, now)])
+            self._vel = np.concatenate([self._vel, np.zeros((n_new, 4))])
+            self._hits = np.concatenate([self._hits, np.ones(n_new, dtype=np.int64)])
+            self._misses = np.concatenate([self._misses, np.zeros(n_new, dtype=np.int64)])
         return ids
 
-    def _associate(
-        self,
-        iou: F64Array,
-        rows: npt.NDArray[np.bool_],
-        free_tracks: npt.NDArray[np.bool_],
-        assigned: IntArray,
-    ) -> None:
-        """Greedy matching, best IoU first, of the detections in ``rows`` to free tracks."""
-        if not iou.size:
-            return
-        cand = np.where(rows[:, None] & free_tracks[None, :], iou, 0.0)
-        # Only pairs over the threshold can match, and a box overlaps few tracks: sorting
-        # those pairs once keeps this O(k log k), not a scan of the matrix per match.
-        ii, jj = np.nonzero(cand >= max(self.settings.match_iou, 1e-9))
-        taken_det = assigned >= 0
-        for k in np.argsort(-cand[ii, jj], kind="stable"):
-            i, j = int(ii[k]), int(jj[k])
-            if not taken_det[i] and free_tracks[j]:
-                assigned[i] = j
-                taken_det[i] = True
-                free_tracks[j] = False
+    def _select(self, keep: BoolArray) -> None:
+        self._ids = self._ids[keep]
+        self._box = self._box[keep]
+        self._seen = self._seen[keep]
+        self._vel = self._vel[keep]
+        self._hits = self._hits[keep]
+        self._misses = self._misses[keep]
 
-    def _refresh(self, track: Track, box: F64Array, now: float) -> None:
-        dt = now - track.seen_at
-        if dt > 0:
-            measured = (box - track.box) / dt
-            gain = self.settings.velocity_gain if track.hits > 1 else 1.0
-            track.velocity = (1 - gain) * track.velocity + gain * measured
-        track.box = box.copy()
-        track.seen_at = now
-        track.hits += 1
-        track.misses = 0
+    def _refresh(self, cols: IntArray, boxes: F64Array, now: float) -> None:
+        """Tracks ``cols`` were seen at ``boxes`` at ``now``: velocity, box, time, counts."""
+        dt = now - self._seen[cols]
+        moved = dt > 0
+        if moved.any():
+            c = cols[moved]
+            measured = (boxes[moved] - self._box[c]) / dt[moved][:, None]
+            # A track's first displacement is its velocity; later ones are smoothed in.
+            gain = np.where(self._hits[c] > 1, self.settings.velocity_gain, 1.0)[:, None]
+            self._vel[c] = (1 - gain) * self._vel[c] + gain * measured
+        self._box[cols] = boxes
+        self._seen[cols] = now
+        self._hits[cols] += 1
+        self._misses[cols] = 0
