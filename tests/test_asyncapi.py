@@ -154,20 +154,24 @@ def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
 
 def undeclared(schema: dict[str, Any], instance: Any, where: str) -> list[str]:
     """Fields of ``instance`` its schema does not name, where the schema leaves
-    ``additionalProperties`` unsaid: a field a server sends must be in the document."""
+    ``additionalProperties`` unsaid: a field a server sends must be in the document.
+    The parts of an ``allOf`` name fields together."""
     schema = _resolve(schema)
+    parts = [schema] + [_resolve(p) for p in schema.get("allOf", [])]
     found: list[str] = []
-    for part in schema.get("allOf", []) + schema.get("oneOf", []):
-        found += undeclared(part, instance, where)
-    if isinstance(instance, list) and "items" in schema:
-        for item in instance:
-            found += undeclared(schema["items"], item, f"{where}[]")
-    if not isinstance(instance, dict) or "properties" not in schema:
+    for variant in schema.get("oneOf", []):
+        found += undeclared(variant, instance, where)
+    if isinstance(instance, list):
+        for part in parts:
+            for item in instance if "items" in part else []:
+                found += undeclared(part["items"], item, f"{where}[]")
+    named = [p for p in parts if "properties" in p]
+    if not isinstance(instance, dict) or not named:
         return found
-    props = dict(schema["properties"])
-    for part in schema.get("allOf", []):
-        props.update(_resolve(part).get("properties", {}))
-    if "additionalProperties" not in schema:
+    props: dict[str, Any] = {}
+    for part in named:
+        props.update(part["properties"])
+    if not any("additionalProperties" in p for p in parts):
         found += [f"{where}.{k}" for k in instance if k not in props]
     for key, sub in props.items():
         if key in instance:
