@@ -69,7 +69,9 @@ export function drawDetections(ctx, detections, map, unit) {
     ctx.strokeStyle = colour.css;
     ctx.strokeRect(x1, y1, w, h);
 
-    const name = det.track === undefined ? `${det.label ?? det.class}` : `#${det.track}`;
+    const tagName = det.track === undefined ? `${det.label ?? det.class}` : `#${det.track}`;
+    // Since protocol 2, with reading on: the text read in the box rides on its label.
+    const name = typeof det.text === "string" && det.text ? `${tagName} ${det.text}` : tagName;
     const text = `${name} ${Math.round(det.score * 100)}%`;
     const textW = ctx.measureText(text).width + 2 * pad;
     const lx = Math.min(Math.max(0, x1 - unit), Math.max(0, ctx.canvas.width - textW));
