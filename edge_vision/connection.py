@@ -281,7 +281,7 @@ class Connection:
                 taken_at,
                 supersede_key=self if latest else None,
                 on_prepared=self._decode_idle.set,
-                reading=self.reading if s.read and self.protocol.at_least(2) else None,
+                reading=self.reading if s.read and self.protocol.text_reading else None,
             )
         except FrameSuperseded:
             # Its place is given back now rather than in reply order: held until the frame
@@ -490,6 +490,8 @@ class Connection:
         if msg.input_size is not None or msg.clear_input_size:
             s.input_size = msg.input_size
         if msg.read is not None:
+            if msg.read and not s.read:  # turned on: read afresh, nothing carried over
+                self.reading = self.ctx.pipeline.reading.session()
             s.read = msg.read
         if msg.mode is not None and msg.mode != s.mode:
             s.mode = msg.mode
