@@ -42,14 +42,16 @@ class ProtocolVersion:
     receives instead (absent: the same code). ``app_close_fallback``: for a version that
     predates application close codes, the code sent for any 4000-4999 code not mapped in
     ``close_codes``; None when the version knows them. ``track_ids``: detections in a
-    ``result`` carry ``track``. ``settings_extras``: the ``settings`` answer carries the
-    session's ``track`` and ``input_size``.
+    ``result`` carry ``track``. ``text_reading``: with ``settings.read`` on, detections
+    carry the ``text`` read in them (and ``timing.read_ms``). ``settings_extras``: the
+    ``settings`` answer carries the session's ``track``, ``input_size`` and ``read``.
     """
 
     number: int
     close_codes: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     app_close_fallback: int | None = None
     track_ids: bool = True
+    text_reading: bool = True
     settings_extras: bool = True
 
     def close_code(self, code: int) -> int:
@@ -79,6 +81,7 @@ PROTOCOLS: Final[Mapping[int, ProtocolVersion]] = MappingProxyType(
             app_close_fallback=1008,
             # v1 results and settings answers have exactly the fields v1 documented.
             track_ids=False,
+            text_reading=False,
             settings_extras=False,
         ),
         2: ProtocolVersion(2),
