@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
+
+from .settings import Mode
 
 T = TypeVar("T")
-Mode = Literal["latest", "every"]
 
 
 class AdmissionCore(Generic[T]):

@@ -71,6 +71,7 @@ from .errors import (
     TokenExpired,
 )
 from .receive import PROTOCOL_VERSION, SUPPORTED_VERSIONS, encode_binary_frame, encode_json_frame
+from .settings import Mode
 
 if TYPE_CHECKING:
     import numpy as np
@@ -80,7 +81,6 @@ log = logging.getLogger(__name__)
 
 
 T = TypeVar("T")
-Mode = Literal["latest", "every"]
 Wire = Literal["binary", "json"]
 FrameId = int | str
 

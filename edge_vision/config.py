@@ -32,13 +32,12 @@ from pydantic import (
 )
 
 from .errors import ConfigError
+from .settings import Mode
 
 ENV_PREFIX = "EDGE_VISION_"
 ENV_CONFIG_FILE = "EDGE_VISION_CONFIG"
 #: The token secret's default variable (AuthConfig.token_secret_env): not a config key.
 ENV_TOKEN_SECRET = "EDGE_VISION_TOKEN_SECRET"
-
-Mode = Literal["latest", "every"]
 
 
 class _Section(BaseModel):

@@ -19,12 +19,13 @@ import math
 import struct
 from base64 import b64decode, b64encode
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from .decode import check_pixel_limit, read_image_header
 from .errors import ClientError
+from .settings import Mode, is_mode
 
 #: The version this release speaks by default; SUPPORTED_VERSIONS are all it serves (the
 #: current and the previous one). What differs between them: edge_vision/versions.py.
@@ -51,7 +52,7 @@ class FrameMessage:
 class SettingsMessage:
     """Per-session settings; fields left ``None`` keep their value."""
 
-    mode: Literal["latest", "every"] | None = None
+    mode: Mode | None = None
     confidence: float | None = None
     classes: list[int] | None = None
     clear_classes: bool = False
@@ -185,7 +186,7 @@ def _settings(obj: dict[str, Any]) -> SettingsMessage:
             "bad_settings", f"unknown settings {extra}; known: {sorted(known - {'type'})}"
         )
     mode = obj.get("mode")
-    if mode is not None and mode not in ("latest", "every"):
+    if mode is not None and not is_mode(mode):
         raise ClientError("bad_settings", "'mode' must be 'latest' or 'every'")
     conf = obj.get("confidence")
     if conf is not None:

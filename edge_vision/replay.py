@@ -53,6 +53,7 @@ import orjson
 from .aio import cancel_and_wait, wait_event, with_timeout
 from .errors import ClientError, EdgeVisionError, EngineError
 from .receive import FrameId, FrameMessage, encode_binary_frame, encode_json_frame
+from .settings import Mode
 from .sources import Cut, FrameSource, SourceFrame, SourceInfo, open_source
 
 if TYPE_CHECKING:
@@ -66,7 +67,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("edge_vision.replay")  # also when run as __main__
 
 T = TypeVar("T")
-Mode = Literal["every", "latest"]
 Wire = Literal["binary", "json"]
 Status = Literal["answered", "dropped", "error", "unanswered"]
 

@@ -47,6 +47,7 @@ from .models import ModelSpec, load_model_spec
 from .pipeline import FramePipeline
 from .receive import PROTOCOL_VERSION
 from .session import MAX_FORWARDED_FOR, Session, new_session
+from .settings import is_mode
 from .state import StateKeeper, create_store
 from .versions import BASE_FEATURES, choose_protocol, refusal
 from .websocket import ECHO_PATH, echo_handler, websocket_response
@@ -276,7 +277,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
         )
 
     mode_q = request.query.get("mode")
-    if mode_q not in (None, "latest", "every"):
+    if mode_q is not None and not is_mode(mode_q):
         raise web.HTTPBadRequest(text="mode must be 'latest' or 'every'\n")
     # The same settings as the test-only echo route Autobahn checks (websocket.py).
     ws = websocket_response(cfg.server, WS_PROTOCOLS)
@@ -309,8 +310,8 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
     else:
         session.client = request.remote or session.client
         session.forwarded_for = forwarded_for[:MAX_FORWARDED_FOR]
-    if mode_q in ("latest", "every"):
-        session.mode = mode_q  # type: ignore[assignment]
+    if is_mode(mode_q):
+        session.mode = mode_q
 
     try:
         await ws.prepare(request)

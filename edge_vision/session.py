@@ -25,11 +25,11 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from .pipeline import FrameSettings
+from .settings import Mode
 
-Mode = Literal["latest", "every"]
 COUNTERS = ("received", "answered", "dropped", "rejected")
 
 _SESSION_ID = re.compile(r"[0-9a-f]{16}")

@@ -53,10 +53,11 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
+from .settings import Mode
+
 F = TypeVar("F")  # a frame, as the shell holds it (receive.FrameMessage in the server)
 R = TypeVar("R")  # a reply, as the shell sends it (a result or a ClientError)
 
-Mode = Literal["latest", "every"]
 #: Where a taken frame is: being prepared (decoded, or its header read for a GPU batch),
 #: waiting for or in the engine, its reply ready and waiting for its turn, being sent.
 Stage = Literal["preparing", "prepared", "replied", "sending"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import add_config_args, config_from_args
+from ..settings import MODES
 from . import __doc__ as _DOC
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def register(sub: Any) -> None:
     p.add_argument("--frames", type=int, default=60, help="distinct frames to cycle through")
     p.add_argument("--jpeg-quality", type=int, default=80)
     p.add_argument("--wire", choices=["binary", "json"], default="binary")
-    p.add_argument("--mode", choices=["latest", "every"], default="latest")
+    p.add_argument("--mode", choices=MODES, default="latest")
     p.add_argument("--engine-only", action="store_true", help="only the engine ceiling")
     p.add_argument(
         "--compare",
