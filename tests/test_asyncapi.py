@@ -35,7 +35,7 @@ from edge_vision.receive import (
     strip_data_url,
 )
 
-from .support.clients import connect, frame_binary, frame_json, recv
+from .support.clients import connect, frame_binary, frame_json, recv, recv_type
 from .support.images import blank_scene, text_scene
 from .support.server import RunningServer, make_config, running_server
 from .support.timing import T
@@ -218,6 +218,24 @@ async def test_real_messages_of_a_session_validate(server: RunningServer) -> Non
     assert {"hello", "settings", "result", "error", "pong"} <= set(seen)
     known = DOC["components"]["schemas"]["Hello"]["properties"]["features"]["x-known-features"]
     assert set(seen["hello"]["features"]) <= set(known), "a feature the document does not name"
+
+
+async def test_a_result_with_text_read_validates(server: RunningServer) -> None:
+    """Reading (feature ``read``) adds fields to detections and timing: documented too."""
+    scene = text_scene(960, 540, texts=[("LOT 0042", (300, 200))])
+    async with aiohttp.ClientSession() as s:
+        ws, hello = await connect(s, server.ws_url)
+        assert "read" in hello["features"], "the default server reads text on request"
+        await ws.send_str(orjson.dumps({"type": "settings", "read": True}).decode())
+        answer = await recv_type(ws, "settings")
+        await ws.send_bytes(frame_binary(1, 1.0, scene.jpeg()))
+        res = await recv_type(ws, "result", timeout=60)
+        await ws.close()
+    assert answer["read"] is True
+    assert res["detections"] and all("text" in d for d in res["detections"])
+    assert "read_ms" in res["timing"]
+    for obj in (answer, res):
+        assert_valid_server_message(obj)
 
 
 async def test_closing_before_a_shutdown_validates(spec: ModelSpec) -> None:
