@@ -110,12 +110,21 @@ class Settings:
     mode: Mode
     confidence: float
     classes: tuple[int, ...] | None
+    # Since protocol 2; None where the node or the connection's version has no such setting.
+    track: bool | None = None
+    input_size: int | None = None  # None also: the node's own limits.input_size
+    read: bool | None = None
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Settings:
         classes = obj.get("classes")
         return cls(
-            obj["mode"], float(obj["confidence"]), None if classes is None else tuple(classes)
+            obj["mode"],
+            float(obj["confidence"]),
+            None if classes is None else tuple(classes),
+            obj.get("track"),
+            obj.get("input_size"),
+            obj.get("read"),
         )
 
 
@@ -207,6 +216,8 @@ class Detection:
     class_id: int
     label: str
     track: int | None = None  # a track id, when the node tracks (feature "track")
+    text: str | None = None  # the text read in the box, with settings read=True ("read")
+    text_score: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +247,8 @@ class Result:
                 class_id=int(d["class"]),
                 label=str(d.get("label", d["class"])),
                 track=d.get("track"),
+                text=d.get("text"),
+                text_score=d.get("text_score"),
             )
             for d in obj.get("detections") or ()
         )

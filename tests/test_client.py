@@ -60,6 +60,13 @@ async def test_hello_settings_and_frames_as_bytes_json_and_numpy(server: Running
         settings = await client.settings(confidence=0.4, classes=[0])
         assert (settings.confidence, settings.classes) == (0.4, (0,))
         assert (await client.settings(classes=None)).classes is None
+        assert settings.track is True and settings.read is False  # protocol 2 extras
+        tracked = await client.detect(JPG)
+        assert tracked.detections[0].track is not None
+        assert (await client.settings(track=False, read=True)).read is True
+        read = await client.detect(JPG)
+        assert read.detections[0].track is None and isinstance(read.detections[0].text, str)
+        await client.settings(read=False)
         assert await client.ping({"n": [1, 2]}) == {"n": [1, 2]}
         binary = await client.detect(JPG, frame_id="cam/1", ts=12.5)
         as_json = await client.detect(JPG, wire="json")
