@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.resources
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -63,13 +63,11 @@ class ModelSpec:
     sha256: str
     input_name: str
     output_names: tuple[str, ...]
-    preset: Preset
     normalisation: Normalisation
     pad_value: int
     limits: InputLimits
     labels: tuple[str, ...]
     head: str | None  # None: pick from output shapes after the first inference
-    metadata: dict[str, str] = field(default_factory=dict)
     batch_dim: int | None = None  # the ONNX input's static batch size; None: dynamic
 
     def label(self, cls: int) -> str:
@@ -182,12 +180,10 @@ def load_model_spec(cfg: ModelConfig) -> ModelSpec:
         sha256=file_sha256(path),
         input_name=inp.name,
         output_names=tuple(outputs),
-        preset=preset,
         normalisation=norm,
         pad_value=pad,
         limits=limits,
         labels=labels,
         head=head,
-        metadata=meta,
         batch_dim=dims[0],
     )

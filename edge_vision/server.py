@@ -338,6 +338,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
                 limits={
                     "max_message_bytes": cfg.server.max_message_bytes,
                     "max_pixels": cfg.server.max_pixels,
+                    "max_decoded_bytes": cfg.server.max_decoded_bytes,  # since protocol 2
                     "input_size": spec.limits.target,
                     "input_sizes": session_input_sizes(cfg),  # since protocol 2
                     "stride": spec.limits.stride,

@@ -86,7 +86,6 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         self._scale: Any = None
         self._shift: Any = None
         self.graph_captures = 0
-        self.graph_fallbacks = 0
 
     @property
     def cuda(self) -> bool:
@@ -204,7 +203,6 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
                         e,
                     )
                     graph = None
-                    self.graph_fallbacks += 1
                     outputs = self._forward(static_in)
         slot.torch_stream.synchronize()
         g = _Graph(static_in, outputs, graph)

@@ -57,7 +57,8 @@ async def test_fp16_matches_onnx_runtime_on_real_frames_and_fp32_everywhere(
     """FP16 against ONNX Runtime's FP32 on the CPU, relative error ‖a−b‖/‖b‖.
 
     On camera-like frames FP16 stays far inside 1e-2. On uniform random noise it does not:
-    1.34e-2 was measured on the H200 (GPU.md saw 1.45e-2), because noise drives
+    1.34e-2 was measured on the H200 on 2026-11-30 (docs/benchmarks.md; the onnx2torch
+    module of an earlier run there gave 1.45e-2), because noise drives
     activations into ranges where FP16's 10-bit mantissa loses more; that case is bounded
     at 2e-2 here and judged by detections instead (next test). FP32 through the same
     converter, graphs and buffers must match closely on both."""

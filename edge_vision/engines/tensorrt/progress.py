@@ -45,14 +45,12 @@ class LogBuildProgress:
         self._phases: dict[str, tuple[str | None, int, int, float]] = {}
         self._last_log = 0.0
         self._cancelled = threading.Event()
-        self.lines: list[str] = []  # what was logged, newest last (kept short)
 
     def cancel(self) -> None:
         self._cancelled.set()
 
     def _emit(self, text: str) -> None:
         log.info("TensorRT build: %s", text)
-        self.lines = [*self.lines[-49:], text]
         if self._notify:
             from ... import systemd
 
