@@ -32,6 +32,11 @@ const ui = {
   thresholdValue: $("threshold-value"),
   classes: $("classes"),
   serverSettings: $("server-settings"),
+  inputSize: $("input-size"),
+  track: $("track"),
+  read: $("read"),
+  readTexts: $("read-texts"),
+  copyTexts: $("copy-texts"),
   quality: $("quality"),
   qualityValue: $("quality-value"),
   maxFps: $("max-fps"),
@@ -44,7 +49,9 @@ const ui = {
 };
 
 // What the user asked for; re-sent after every (re)connection whose session differs.
-const wanted = { confidence: null, classes: null };
+// inputSize, track, read: settings since protocol 2, sent only where hello's features name
+// them; inputSize null is the server's own size (limits.input_size).
+const wanted = { confidence: null, classes: null, inputSize: null, track: true, read: false };
 const counters = { answered: 0, lost: 0, serverDropped: 0 };
 const windows = {
   sent: new RollingWindow(RATE_WINDOW_MS),
@@ -55,6 +62,7 @@ const windows = {
 let labels = [];
 let limits = null;
 let hello = null;
+let features = new Set();
 let lastFrame = null;
 let bannerTimer = null;
 
@@ -118,12 +126,12 @@ function onHello(msg) {
     );
   }
   limits = msg.limits || null;
+  features = new Set(msg.features || []);
+  offerSessionOptions();
   if (!sameLabels(labels, msg.labels || [])) {
     labels = msg.labels || [];
     buildClassFilter();
   }
-  const model = limits ? `model input (${limits.input_size} px)` : "model input";
-  ui.sendSize.querySelector('option[value="model"]').textContent = model;
   applySendOptions();
   if (wanted.confidence === null) {
     wanted.confidence = msg.settings.confidence;
@@ -147,6 +155,7 @@ function onMessage(msg) {
     windows.latency.push(now, now - frame.capturedAt);
     windows.timing.push(now, msg.timing);
     overlay.show(msg, frame, now);
+    showReadTexts(msg.detections);
     requestRender();
   } else if (msg.type === "error") {
     if (msg.id !== undefined && msg.id !== null) {
@@ -158,6 +167,25 @@ function onMessage(msg) {
     showServerSettings(msg);
   }
 }
+
+/** The text read in the newest result's boxes, one per line, top to bottom (copyable). */
+function showReadTexts(detections) {
+  const lines = detections
+    .filter((d) => typeof d.text === "string" && d.text)
+    .sort((a, b) => a.box[1] - b.box[1] || a.box[0] - b.box[0])
+    .map((d) => d.text);
+  const text = lines.join("\n");
+  if (ui.readTexts.value !== text) ui.readTexts.value = text;
+}
+
+ui.copyTexts.addEventListener("click", async () => {
+  try {
+    await navigator.clipboard.writeText(ui.readTexts.value);
+    showBanner("text copied", "info", 1500);
+  } catch {
+    ui.readTexts.select(); // no clipboard permission: selected for Ctrl+C instead
+  }
+});
 
 function onState(state) {
   ui.connState.dataset.kind = state.kind;
@@ -178,10 +206,44 @@ function onState(state) {
 
 function syncSettings(server) {
   if (!connection.isOpen || wanted.confidence === null) return;
-  if (server && server.confidence === wanted.confidence && sameClasses(server.classes, wanted.classes)) {
+  const extra = {};
+  if (features.has("track")) extra.track = wanted.track;
+  if (features.has("input_size")) extra.input_size = wanted.inputSize;
+  if (features.has("read")) extra.read = wanted.read;
+  if (
+    server &&
+    server.confidence === wanted.confidence &&
+    sameClasses(server.classes, wanted.classes) &&
+    Object.entries(extra).every(([k, v]) => (server[k] ?? null) === v)
+  ) {
     return;
   }
-  connection.send(settingsMessage(wanted.confidence, wanted.classes));
+  connection.send(settingsMessage(wanted.confidence, wanted.classes, extra));
+}
+
+/**
+ * The per-session options this server offers (hello's `features`): the input sizes from
+ * `limits.input_sizes`, track ids, reading. A wanted size this server lacks falls back to
+ * its default; an option it does not offer is shown disabled.
+ */
+function offerSessionOptions() {
+  const sizes = features.has("input_size") && limits ? limits.input_sizes || [] : [];
+  if (wanted.inputSize !== null && !sizes.includes(wanted.inputSize)) wanted.inputSize = null;
+  const byDefault = limits ? `server default (${limits.input_size} px)` : "server default";
+  const options = [new Option(byDefault, "")];
+  for (const size of sizes) options.push(new Option(`${size} px`, String(size)));
+  ui.inputSize.replaceChildren(...options);
+  ui.inputSize.value = wanted.inputSize === null ? "" : String(wanted.inputSize);
+  ui.inputSize.disabled = sizes.length === 0;
+  ui.track.disabled = !features.has("track");
+  ui.read.disabled = !features.has("read");
+  ui.track.checked = wanted.track && !ui.track.disabled;
+  ui.read.checked = wanted.read && !ui.read.disabled;
+}
+
+/** The long side the engine input has for this session: the chosen size or the server's. */
+function modelInputSize() {
+  return wanted.inputSize ?? (limits ? limits.input_size : 640);
 }
 
 function showServerSettings(s) {
@@ -191,8 +253,23 @@ function showServerSettings(s) {
       : s.classes.length
         ? s.classes.map((c) => labels[c] ?? c).join(", ")
         : "no classes";
-  ui.serverSettings.textContent = `server settings: score ≥ ${Number(s.confidence).toFixed(2)} · ${classes}`;
-  ui.serverSettings.dataset.confidence = String(s.confidence);
+  const parts = [`score ≥ ${Number(s.confidence).toFixed(2)}`, classes];
+  const shown = ui.serverSettings.dataset;
+  if ("input_size" in s) {
+    const size = s.input_size ?? (limits ? limits.input_size : null);
+    parts.push(s.input_size === null ? `input ${size ?? "default"} px (default)` : `input ${size} px`);
+    shown.inputSize = s.input_size === null ? "" : String(s.input_size);
+  }
+  if ("track" in s) {
+    parts.push(s.track ? "track ids on" : "track ids off");
+    shown.track = String(s.track);
+  }
+  if ("read" in s) {
+    parts.push(s.read ? "reading on" : "reading off");
+    shown.read = String(s.read);
+  }
+  ui.serverSettings.textContent = `server settings: ${parts.join(" · ")}`;
+  shown.confidence = String(s.confidence);
 }
 
 function buildClassFilter() {
@@ -247,7 +324,11 @@ function showThreshold() {
 
 function applySendOptions() {
   const size = ui.sendSize.value;
-  sender.options.maxSide = size === "model" ? (limits ? limits.input_size : 640) : Number(size);
+  // "model input": frames are sent at the size the engine works at, so a larger chosen
+  // input size gets the detail it is chosen for and a smaller one costs no extra bytes.
+  const model = limits ? `model input (${modelInputSize()} px)` : "model input";
+  ui.sendSize.querySelector('option[value="model"]').textContent = model;
+  sender.options.maxSide = size === "model" ? modelInputSize() : Number(size);
   sender.options.quality = Number(ui.quality.value);
   sender.options.maxFps = clamp(Number(ui.maxFps.value) || 30, 1, 60);
   sender.options.maxInFlight = Number(ui.inFlight.value);
@@ -266,7 +347,13 @@ function applyView() {
 const PREF_FIELDS = ["resolution", "quality", "maxFps", "sendSize", "inFlight", "wire", "fit", "view"];
 
 function savePrefs() {
-  const prefs = { threshold: wanted.confidence, showHud: ui.showHud.checked };
+  const prefs = {
+    threshold: wanted.confidence,
+    showHud: ui.showHud.checked,
+    inputSize: wanted.inputSize,
+    track: wanted.track,
+    read: wanted.read,
+  };
   for (const name of PREF_FIELDS) prefs[name] = ui[name].value;
   try {
     localStorage.setItem(PREFS_KEY, JSON.stringify(prefs));
@@ -287,6 +374,12 @@ function loadPrefs() {
     if (typeof prefs[name] === "string") ui[name].value = prefs[name];
   }
   if (typeof prefs.showHud === "boolean") ui.showHud.checked = prefs.showHud;
+  // Checked against the server's offer when its hello comes (offerSessionOptions).
+  if (Number.isInteger(prefs.inputSize) && prefs.inputSize > 0) wanted.inputSize = prefs.inputSize;
+  if (typeof prefs.track === "boolean") wanted.track = prefs.track;
+  if (typeof prefs.read === "boolean") wanted.read = prefs.read;
+  ui.track.checked = wanted.track;
+  ui.read.checked = wanted.read;
   if (typeof prefs.threshold === "number") {
     wanted.confidence = prefs.threshold;
     ui.threshold.value = String(prefs.threshold);
@@ -400,6 +493,10 @@ function animate(now) {
   if (renderWanted || now >= wakeAt) {
     renderWanted = false;
     wakeAt = now + overlay.render(now);
+    // Where the labels went (canvas pixels) and what they say: the page's own record of
+    // what is on screen, read by the browser tests and handy in devtools.
+    const labelsDrawn = JSON.stringify(overlay.labels);
+    if (ui.overlay.dataset.labels !== labelsDrawn) ui.overlay.dataset.labels = labelsDrawn;
   }
   requestAnimationFrame(animate);
 }
@@ -506,6 +603,19 @@ function main() {
     });
   }
   ui.quality.addEventListener("input", applySendOptions);
+  ui.inputSize.addEventListener("change", () => {
+    wanted.inputSize = ui.inputSize.value === "" ? null : Number(ui.inputSize.value);
+    applySendOptions();
+    syncSettings(null);
+    savePrefs();
+  });
+  for (const [el, name] of [[ui.track, "track"], [ui.read, "read"]]) {
+    el.addEventListener("change", () => {
+      wanted[name] = el.checked;
+      syncSettings(null);
+      savePrefs();
+    });
+  }
   for (const el of [ui.fit, ui.view, ui.showHud]) {
     el.addEventListener("change", () => {
       applyView();

@@ -47,7 +47,8 @@ function luminance(r, g, b) {
  * @param {Array<{box: number[], score: number, class: number, label: string, track?: number}>} detections
  * @param {{box: (b: number[]) => number[]}} map frame pixels → canvas pixels
  * @param {number} unit canvas pixels per CSS pixel (line widths and font scale with it)
- * @returns {Array<{x: number, y: number, w: number, h: number}>} where the labels went
+ * @returns {Array<{x: number, y: number, w: number, h: number, text: string}>} where the
+ *   labels went and what they say
  */
 export function drawDetections(ctx, detections, map, unit) {
   const font = `600 ${Math.round(LABEL_FONT_PX * unit)}px system-ui, -apple-system, sans-serif`;
@@ -76,7 +77,7 @@ export function drawDetections(ctx, detections, map, unit) {
     const textW = ctx.measureText(text).width + 2 * pad;
     const lx = Math.min(Math.max(0, x1 - unit), Math.max(0, ctx.canvas.width - textW));
     const rect = placeLabel(lx, textW, labelH, [y1 - labelH, y1, y2], placed, ctx.canvas.height);
-    placed.push(rect);
+    placed.push({ ...rect, text });
     const tag = det.track === undefined ? colour : classColour(det.track);
     ctx.fillStyle = tag.css;
     ctx.fillRect(rect.x, rect.y, rect.w, rect.h);
@@ -119,15 +120,43 @@ export class Overlay {
     this.frozen = false; // paused: nothing fades while the picture stands still
     this.staleAfterMs = 700;
     this.fadeMs = 800;
-    this.current = null; // {result, frame, receivedAt}
+    this.current = null; // {result, frame, receivedAt, from: track → box, glideFrom}
     this.visibleBoxes = 0;
     this.mapping = null; // the last frame→canvas map, for tests and snapshots of the view
+    this.labels = []; // the label rectangles last drawn (canvas pixels) and their text
+    this.glideMs = 100; // a tracked box moves to its new place over this time, not at once
   }
 
   /** A result arrived for `frame` (the SentFrame it answers). */
   show(result, frame, receivedAt) {
-    if (this.current && this.current.frame !== frame) this.current.frame.picture.close();
-    this.current = { result, frame, receivedAt };
+    // Where each track's box is drawn now: its new box is reached from there. Only over
+    // the live picture; the analysed frame shows the boxes exactly where that frame had them.
+    const from = new Map();
+    const prev = this.current;
+    const sameFrameSize =
+      prev && prev.result.width === result.width && prev.result.height === result.height;
+    if (this.view === "live" && sameFrameSize) {
+      for (const d of this.drawnDetections(receivedAt)) {
+        if (d.track !== undefined) from.set(d.track, d.box);
+      }
+    }
+    if (prev && prev.frame !== frame) prev.frame.picture.close();
+    this.current = { result, frame, receivedAt, from, glideFrom: receivedAt };
+  }
+
+  /**
+   * The current detections as drawn at `now`: a tracked box glides from where it was drawn
+   * when this result came to its new place over `glideMs` (linear; over the live picture only).
+   */
+  drawnDetections(now) {
+    const { result, from, glideFrom } = this.current;
+    const k = (now - glideFrom) / this.glideMs;
+    if (from.size === 0 || k >= 1 || this.view !== "live") return result.detections;
+    const t = Math.max(0, k);
+    return result.detections.map((d) => {
+      const a = d.track === undefined ? undefined : from.get(d.track);
+      return a ? { ...d, box: d.box.map((v, i) => a[i] + (v - a[i]) * t) } : d;
+    });
   }
 
   /** Opacity of the current boxes: 1 while fresh, fading to 0 after `staleAfterMs`. */
@@ -154,6 +183,7 @@ export class Overlay {
     }
     this.visibleBoxes = 0;
     this.mapping = null;
+    this.labels = [];
     const media = this.media();
     if (!media || !this.current || cssRect.width === 0) return Infinity;
     const nat = naturalSize(media);
@@ -184,7 +214,7 @@ export class Overlay {
     if (alpha > 0 && result.detections.length) {
       ctx.save();
       ctx.globalAlpha = alpha;
-      drawDetections(ctx, result.detections, map, unit);
+      this.labels = drawDetections(ctx, this.drawnDetections(now), map, unit);
       ctx.restore();
       this.visibleBoxes = result.detections.length;
     }
@@ -195,6 +225,8 @@ export class Overlay {
   // next animation frame, Infinity never.
   _changesIn(now) {
     if (!this.current || this.frozen || !this.current.result.detections.length) return Infinity;
+    const { from, glideFrom } = this.current;
+    if (from.size && this.view === "live" && now - glideFrom < this.glideMs) return 0;
     const age = now - this.current.receivedAt;
     if (age < this.staleAfterMs) return this.staleAfterMs - age;
     return age < this.staleAfterMs + this.fadeMs ? 0 : Infinity;

@@ -37,9 +37,12 @@ export function encodeJsonFrame(id, ts, jpeg) {
   });
 }
 
-/** The `settings` message; `classes: null` clears the class filter. */
-export function settingsMessage(confidence, classes) {
-  return JSON.stringify({ type: "settings", confidence, classes });
+/**
+ * The `settings` message; `classes: null` clears the class filter. `extra`: the settings
+ * since protocol 2 the server announced (`track`, `input_size`, `read`), sent as given.
+ */
+export function settingsMessage(confidence, classes, extra = {}) {
+  return JSON.stringify({ type: "settings", confidence, classes, ...extra });
 }
 
 export function pingMessage(payload) {
