@@ -250,9 +250,10 @@ async def _frame_counters(http: aiohttp.ClientSession, url: str) -> dict[str, fl
     }
 
 
-# Beyond the budget a connection holds at most one message that aiohttp read ahead while
-# its reader waited (budget.py): the documented worst case the peak is checked against.
-READ_AHEAD = 64 * 8 * MiB
+# Beyond the budget a connection holds about one message (of up to max_message_bytes)
+# that aiohttp read ahead (budget.py, docs/security.md): the documented worst case the
+# peak is checked against, plus 64 MiB for transient copies. Measured: 236-690 MiB.
+BEYOND_BUDGET = 64 * 9 * MiB + 64 * MiB
 
 
 @pytest.mark.timeout(120)
@@ -306,7 +307,7 @@ async def test_64_connections_of_8mib_frames_stay_under_the_budget_and_memory_co
             assert c["over_budget"] > 0 and c["answered"] > 0, c
             assert all(set(cl["errors"]) <= {"over_memory_budget"} for cl in counts), counts
             assert c["held_peak"] <= BUDGET
-            assert hwm - start <= BUDGET + READ_AHEAD, (hwm - start) / MiB
+            assert hwm - start <= BUDGET + BEYOND_BUDGET, (hwm - start) / MiB
             # After the burst the pool shrinks to its idle size and the heap is trimmed.
             deadline = time.monotonic() + T(10)
             while (after := await asyncio.to_thread(rss_bytes, pid)) > start + IDLE + 50 * MiB:
