@@ -50,6 +50,7 @@ import argparse
 import asyncio
 import importlib.resources
 import json
+import logging
 import math
 import os
 import sys
@@ -65,8 +66,10 @@ import numpy as np
 import numpy.typing as npt
 
 from .config import Config
-from .errors import ModelError
+from .errors import ClientError, ModelError
 from .track import Tracker, TrackerSettings
+
+log = logging.getLogger(__name__)
 
 U8Array = npt.NDArray[np.uint8]
 F32Array = npt.NDArray[np.float32]
@@ -267,7 +270,10 @@ class OnnxRuntimeRecogniser:
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
 
     def run(self, x: F32Array) -> tuple[IntArray, F32Array]:
-        probs = np.asarray(self.session.run(None, {self.input_name: x})[0])
+        try:
+            probs = np.asarray(self.session.run(None, {self.input_name: x})[0])
+        except Exception as e:  # ORT's exceptions share no public base class
+            raise ModelError(f"ONNX Runtime failed on a {x.shape} recogniser batch: {e}") from e
         idx = probs.argmax(axis=2)
         best = np.take_along_axis(probs, idx[..., None], axis=2)[..., 0]
         return idx.astype(np.int64), best.astype(np.float32)
@@ -486,6 +492,7 @@ class ReadStage:
         self._reader: TextReader | None = None
         self._loading: asyncio.Lock | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self.failures = 0  # reads that raised (their boxes were sent unread)
 
     @property
     def enabled(self) -> bool:
@@ -566,6 +573,10 @@ class ReadStage:
         try:
             loop = asyncio.get_running_loop()
             read = await loop.run_in_executor(self._pool(), _read_sync, reader, load_image, corners)
+        except (ClientError, ModelError, cv2.error, ValueError) as e:  # boxes still go, unread
+            log.warning("reading failed (%s: %s); boxes sent unread", type(e).__name__, e)
+            self.failures += 1
+            return plan.texts
         finally:
             reading.end()
         reading.store(plan, detections, read)

@@ -30,6 +30,7 @@ import pytest
 
 from edge_vision.agreement import match_detections, pairwise_iou
 from edge_vision.bench.sizes import TEXT_PHOTOS, our_input, photo_frame
+from edge_vision.errors import ModelError
 from edge_vision.models import ModelSpec
 from edge_vision.post import DbnetHead
 from edge_vision.read import (
@@ -209,9 +210,34 @@ async def test_latest_wins_a_newer_frame_waits_at_most_one_read(server: RunningS
     # its new box came back unread, and it was answered well within two reads.
     assert read_where_drawn(res_b, scene_b) == [None]
     assert b_latency < delay + T(1.5), (b_latency, res_b["timing"])
-    assert res_b["timing"]["read_ms"] < delay / 10
+    assert res_b["timing"]["read_ms"] < delay * 1000 / 10  # ms: no read of its own
     assert read_where_drawn(res_c, scene_b) == ["LOT 0042-ZK"]
     assert slow.runs == 2  # A's boxes, then C's: B was never read
+
+
+class FailingRecogniser(DelayedRecogniser):
+    def run(self, x: Any) -> Any:
+        raise ModelError("recogniser broke (test)")
+
+
+async def test_a_failed_read_still_sends_the_boxes_unread(server: RunningServer) -> None:
+    scene = scene_for(LABELS[2], seed=8)
+    async with aiohttp.ClientSession() as s:
+        ws, _ = await connect(s, server.ws_url)
+        await turn_reading_on(ws)
+        stage = server.app[PIPELINE].reading
+        reader = await stage.reader()
+        real = reader.recogniser
+        reader.recogniser = FailingRecogniser(real, 0.0)
+        try:
+            await ws.send_bytes(frame_binary(1, None, scene.jpeg(92)))
+            res = await recv_type(ws, "result", timeout=60)
+        finally:
+            reader.recogniser = real
+        await ws.close()
+    assert len(res["detections"]) >= 4
+    assert read_where_drawn(res, scene) == [None] * 4
+    assert stage.failures == 1
 
 
 async def test_read_refused_where_the_server_turns_it_off(server_factory: Any) -> None:
