@@ -17,7 +17,8 @@ from .jetson_metrics import register_jetson_collector
 
 T = TypeVar("T")
 
-STAGES = ("decode", "shape", "queue", "batch_wait", "infer", "post", "server")
+# "read": since protocol 2, frames of sessions reading text (read.py)
+STAGES = ("decode", "shape", "queue", "batch_wait", "infer", "post", "read", "server")
 LATENCY_BUCKETS = (
     0.001,
     0.0025,

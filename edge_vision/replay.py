@@ -88,6 +88,7 @@ STAGES = (
     "batch_wait_ms",
     "infer_ms",
     "post_ms",
+    "read_ms",  # with --read (read.py)
     "server_ms",
     "latency_ms",
 )

@@ -143,6 +143,10 @@ async def test_reading_is_off_by_default_and_a_label_read_once_is_carried(
             await ws.send_bytes(frame_binary(i, None, scene.jpeg(92)))
             results.append(await recv_type(ws, "result", timeout=60))
         await ws.close()
+        async with s.get(server.url + "/metrics") as resp:
+            metrics = await resp.text()
+    reads = [ln for ln in metrics.splitlines() if 'stage_seconds_count{stage="read"}' in ln]
+    assert reads and float(reads[0].split()[-1]) == 3, reads  # /metrics has the read stage
     assert ack["read"] is True
     for message in (off, *results):  # docs/asyncapi.yaml describes the new fields
         assert_valid_server_message(message)
