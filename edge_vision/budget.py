@@ -34,6 +34,8 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Final, Literal
 
+from .aio import wait_event
+
 Kind = Literal["frames", "decode", "pool"]
 KINDS: Final[tuple[Kind, ...]] = ("frames", "decode", "pool")
 
@@ -182,14 +184,15 @@ async def wait_for_room(budget: MemoryBudget, nbytes: int, timeout_s: float) -> 
 
     remove = budget.add_listener(wake)
     budget.waiting += nbytes
+    deadline = loop.time() + timeout_s
     try:
-        async with asyncio.timeout(timeout_s):
-            while not budget.fits(nbytes):
-                changed.clear()
-                await changed.wait()
+        # A deadline loop rather than asyncio.timeout, which Python 3.10 (JetPack 6) lacks.
+        while not budget.fits(nbytes):
+            remaining = deadline - loop.time()
+            changed.clear()  # a release from here on sets it again (call_soon_threadsafe)
+            if remaining <= 0 or not await wait_event(changed, remaining):
+                return budget.fits(nbytes)
         return True
-    except TimeoutError:
-        return False
     finally:
         budget.waiting -= nbytes
         remove()
