@@ -219,6 +219,35 @@ async def test_latest_wins_a_newer_frame_waits_at_most_one_read(server: RunningS
     assert slow.runs == 2  # A's boxes, then C's: B was never read
 
 
+async def test_every_mode_reads_each_frame_in_turn(server: RunningServer) -> None:
+    """In every mode a frame that finds a read in progress waits for it and is read."""
+    scene_a = scene_for(LABELS[3], seed=9)
+    scene_b = text_scene(1280, 720, [("LOT 0042-ZK", (300, 250))], font_size=44, seed=6)
+    async with aiohttp.ClientSession() as s:
+        ws, hello = await connect(s, server.ws_url + "?mode=every")
+        await turn_reading_on(ws)
+        reader = await server.app[PIPELINE].reading.reader()
+        real = reader.recogniser
+        slow = DelayedRecogniser(real, T(1.0))
+        reader.recogniser = slow
+        try:
+            conn = server.app[CONNECTIONS][hello["session_id"]]
+            await ws.send_bytes(frame_binary("a", None, scene_a.jpeg(92)))
+            deadline = time.monotonic() + T(30)
+            while not conn.reading.busy:
+                assert time.monotonic() < deadline, "frame a was never read"
+                await asyncio.sleep(0.01)
+            await ws.send_bytes(frame_binary("b", None, scene_b.jpeg(92)))
+            res_a = await recv_type(ws, "result", timeout=60)
+            res_b = await recv_type(ws, "result", timeout=60)
+        finally:
+            reader.recogniser = real
+        await ws.close()
+    assert read_where_drawn(res_a, scene_a) == LABELS[3]
+    assert read_where_drawn(res_b, scene_b) == ["LOT 0042-ZK"]
+    assert slow.runs == 2
+
+
 class FailingRecogniser(DelayedRecogniser):
     def run(self, x: Any) -> Any:
         raise ModelError("recogniser broke (test)")
