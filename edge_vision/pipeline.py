@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import cv2
 import numpy as np
@@ -40,35 +40,16 @@ from .errors import ClientError
 from .infer import BatchInfo, InferenceService
 from .memory import keep_pool_trimmed
 from .post import DbnetHead, Head, filter_classes, make_head
-from .read import ReadStage, ReadText, SessionReading
+from .read import ReadStage, SessionReading
 from .receive import FrameMessage, decode_base64
+from .results import FrameResult as FrameResult  # re-exported: the pipeline's product
+from .settings import FrameSettings as FrameSettings  # re-exported: what it runs with
 from .shape import Letterbox, letterbox_into, plan_for_frame
 
 log = logging.getLogger(__name__)
 
 F32Array = npt.NDArray[np.float32]
 U8Array = npt.NDArray[np.uint8]
-
-
-@dataclass(frozen=True, slots=True)
-class FrameSettings:
-    """What a session asked for: score threshold, class filter and input size."""
-
-    confidence: float
-    classes: frozenset[int] | None = None
-    # Target long side of the engine input (one of model.input_sizes); None: the server's.
-    input_size: int | None = None
-
-
-@dataclass(slots=True)
-class FrameResult:
-    frame: FrameMessage
-    width: int
-    height: int
-    detections: F32Array  # (N, 6): x1, y1, x2, y2, score, class in frame pixels
-    timing: dict[str, float]  # milliseconds per stage, plus batch size
-    # Since protocol 2, with reading on (read.py): one per detection, None when not read.
-    texts: list[ReadText | None] | None = None
 
 
 def worker_count(configured: int) -> int:

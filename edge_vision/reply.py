@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 
 from .errors import ClientError
-from .pipeline import FrameResult
 from .receive import PROTOCOL_VERSION, SUPPORTED_VERSIONS, FrameId
+from .results import FrameResult
 
 
 def _dumps(obj: Mapping[str, Any]) -> str:

@@ -27,8 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .pipeline import FrameSettings
-from .settings import Mode
+from .settings import FrameSettings, Mode
 
 COUNTERS = ("received", "answered", "dropped", "rejected")
 
