@@ -4,7 +4,6 @@ its install hint) plus an Engine subclass in ``edge_vision.engines.<kind>``; the
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,7 @@ from edge_vision.errors import ConfigError, EngineError
 from edge_vision.metrics import Metrics
 from edge_vision.models import ModelSpec
 
+from .support.imports import loaded_after_import
 from .support.server import make_config
 
 pytestmark = pytest.mark.timeout(60)
@@ -73,12 +73,5 @@ def test_the_engine_active_series_has_every_kind() -> None:
 
 
 def test_importing_the_service_imports_no_optional_backend() -> None:
-    code = (
-        "import sys, edge_vision.server, edge_vision.cli, edge_vision.engines; "
-        "print(sorted(m for m in ('torch', 'tensorrt', 'tritonclient', 'grpc') "
-        "if m in sys.modules))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=50
-    )
-    assert out.stdout.strip() == "[]"
+    imports = ["edge_vision.server", "edge_vision.cli", "edge_vision.engines"]
+    assert loaded_after_import(imports, ["torch", "tensorrt", "tritonclient", "grpc"]) == []
