@@ -88,9 +88,11 @@ def wait_http_ok(url: str, timeout: float = 60) -> None:
 # down, shutting down or warming up: expected only while a test has stopped the server.
 SERVER_DOWN_NOISE = (
     re.compile(r"^WebSocket connection to 'ws://127\.0\.0\.1:\d+/ws[^']*' failed"),
+    # 426: the page asked why its socket was refused just after the refusal cleared (the
+    # server answers "no refusal now"), and retries; a race the page handles, not an error.
     re.compile(
         r"^Failed to load resource: (net::ERR_CONNECTION_REFUSED|net::ERR_CONNECTION_RESET|"
-        r"net::ERR_EMPTY_RESPONSE|the server responded with a status of 503)"
+        r"net::ERR_EMPTY_RESPONSE|the server responded with a status of (503|426))"
     ),
 )
 
