@@ -274,6 +274,12 @@ class InferenceService:
     def in_flight(self) -> int:
         return self._batcher.in_flight if self._batcher else 0
 
+    @property
+    def max_batch(self) -> int:
+        """The serving engine's max batch (:func:`~edge_vision.models.decide_max_batch`,
+        narrowed by the engine), which its batcher uses; 1 before an engine serves."""
+        return self.engine.max_batch if self.engine is not None else 1
+
     async def infer(
         self, frame: U8Array, supersede_key: Hashable | None = None
     ) -> tuple[list[np.ndarray], BatchInfo]:

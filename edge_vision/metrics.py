@@ -148,6 +148,12 @@ class Metrics:
         self.engine_degraded = Gauge(
             p + "engine_degraded", "1 while serving on the fallback engine", registry=r
         )
+        self.engine_max_batch = Gauge(
+            p + "engine_max_batch",
+            "Largest batch the serving engine runs (engine.max_batch, narrowed by the model "
+            "or the engine)",
+            registry=r,
+        )
         self.engine_active = Gauge(
             p + "engine_active",
             "The engine serving frames (1 for the active kind)",
@@ -183,10 +189,11 @@ class Metrics:
         self.batch_infer_seconds.observe(infer_s)
         self.batch_wait_seconds.observe(wait_s)
 
-    def set_engine(self, active: str | None, degraded: bool) -> None:
+    def set_engine(self, active: str | None, degraded: bool, max_batch: int) -> None:
         for kind in engine_kinds():
             self.engine_active.labels(kind).set(1 if kind == active else 0)
         self.engine_degraded.set(1 if degraded else 0)
+        self.engine_max_batch.set(max_batch)
 
     def extension(self, factory: Callable[[CollectorRegistry], T]) -> T:
         """The app's instance of an engine's own metrics (``factory(registry)``, e.g.

@@ -181,7 +181,8 @@ async def metrics_handler(request: web.Request) -> web.Response:
     app = request.app
     m = app[METRICS]
     m.connections.set(len(app[CONNECTIONS]))
-    m.set_engine(app[SERVICE].status.active, app[SERVICE].status.degraded)
+    service = app[SERVICE]
+    m.set_engine(service.status.active, service.status.degraded, service.max_batch)
     # The Jetson collector reads sysfs files at every scrape: off the loop.
     body = await asyncio.to_thread(m.render) if m.jetson is not None else m.render()
     return web.Response(body=body, headers={"Content-Type": m.content_type})
@@ -343,7 +344,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
                     "input_sizes": session_input_sizes(cfg),  # since protocol 2
                     "stride": spec.limits.stride,
                     "max_side": spec.limits.max_side,
-                    "max_batch": service.engine.max_batch if service.engine else 1,
+                    "max_batch": service.max_batch,
                     "formats": ["jpeg", "png"],
                     "binary_frames": True,
                     # since protocol 2: the read budget (docs/protocol.md, "Read budget")
@@ -384,7 +385,8 @@ async def _start_engine(app: web.Application) -> None:
         app[STATE]["startup_error"] = str(e)
         log.error("engine failed to start: %s", e)
         raise
-    app[METRICS].set_engine(app[SERVICE].status.active, app[SERVICE].status.degraded)
+    service = app[SERVICE]
+    app[METRICS].set_engine(service.status.active, service.status.degraded, service.max_batch)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -1,6 +1,6 @@
 """Limits decided once: the max batch comes from the model's input and the config
 (:func:`edge_vision.models.decide_max_batch`), an engine may only narrow it, and what
-``hello`` announces is the engine's value."""
+``hello`` and ``/metrics`` announce is the engine's value."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_an_engine_starts_from_the_decided_value_and_only_narrows_it(spec: Model
     assert engine.max_batch == 1
 
 
-async def test_hello_announces_the_configured_max_batch_whatever_spec_is_shared(
+async def test_hello_and_metrics_announce_the_configured_max_batch_whatever_spec_is_shared(
     spec: ModelSpec,
 ) -> None:
     """One spec (the session fixture) serves servers configured for 1 and for 3: the spec
@@ -53,3 +53,5 @@ async def test_hello_announces_the_configured_max_batch_whatever_spec_is_shared(
             ws, hello = await connect(s, srv.ws_url)
             assert hello["limits"]["max_batch"] == configured
             await ws.close()
+            async with s.get(srv.url + "/metrics") as r:
+                assert f"edge_vision_engine_max_batch {float(configured)}" in await r.text()
