@@ -32,7 +32,7 @@ from .engines import Engine, create_engine
 from .errors import EngineError, EngineMismatch, EngineUnavailable, FrameSuperseded
 from .metrics import Metrics
 from .models import ModelSpec
-from .post import pick_head_name
+from .post import Head, choose_head
 from .shape import choose_input_shape
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,8 @@ class InferenceService:
         self._factory = engine_factory
         self.metrics = metrics
         self.engine: Engine | None = None
+        #: The model's output head (post.choose_head), chosen when the first engine is warm.
+        self.head: Head | None = None
         self.status = EngineStatus(configured=config.engine.kind)
         self._batcher: Batcher[_Job] | None = None
         self._last_infer = time.monotonic()
@@ -150,8 +152,9 @@ class InferenceService:
     async def _activate(self, engine: Engine) -> None:
         t0 = time.perf_counter()
         shapes = await self.warm_up(engine)
-        if self.spec.head is None:
-            self.spec = self.spec.with_head(pick_head_name(shapes))
+        if self.head is None:  # once: a fallback engine runs the same model
+            self.head = choose_head(self.spec.head, shapes, self.config.model)
+            self.spec = self.spec.with_head(self.head.name)
         old_batcher, old_engine = self._batcher, self.engine
         self.engine = engine
         self._batcher = Batcher(

@@ -39,7 +39,7 @@ from .engines import Engine
 from .errors import ClientError
 from .infer import BatchInfo, InferenceService
 from .memory import keep_pool_trimmed
-from .post import DbnetHead, Head, filter_classes, make_head
+from .post import DbnetHead, Head, filter_classes
 from .read import ReadStage, SessionReading
 from .receive import FrameMessage, decode_base64
 from .results import FrameResult as FrameResult  # re-exported: the pipeline's product
@@ -77,7 +77,6 @@ class FramePipeline:
         self.executor = executor or ThreadPoolExecutor(
             worker_count(config.decode.workers), thread_name_prefix="frame"
         )
-        self._head: Head | None = None
         # Host decode is one worker job a frame; with decode.device cuda and a CUDA engine
         # active, JPEGs are decoded in batches on the GPU (edge_vision.decode_batch).
         d = config.decode
@@ -119,20 +118,11 @@ class FramePipeline:
 
     @property
     def head(self) -> Head:
-        if self._head is None or self._head.name != self.service.spec.head:
-            m = self.config.model
-            self._head = make_head(
-                self.service.spec.head or "dbnet",
-                nms_iou=m.nms_iou,
-                max_detections=m.max_detections,
-                bin_threshold=m.dbnet.bin_threshold,
-                unclip_ratio=m.dbnet.unclip_ratio,
-                max_candidates=m.dbnet.max_candidates,
-                min_size=m.dbnet.min_size,
-                dilate=m.dbnet.dilate,
-                max_height_fraction=m.dbnet.max_height_fraction,
-            )
-        return self._head
+        """The service's head (:func:`~edge_vision.post.choose_head`, chosen at warm-up)."""
+        head = self.service.head
+        if head is None:
+            raise RuntimeError("no engine has warmed up yet, so no head is chosen")
+        return head
 
     async def close(self) -> None:
         if self._housekeeping is not None:

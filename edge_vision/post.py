@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import cv2
 import numpy as np
@@ -28,6 +28,9 @@ import numpy.typing as npt
 
 from .errors import ModelError
 from .shape import Letterbox
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
 
 F32Array = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.intp]
@@ -354,6 +357,27 @@ def make_head(
     if name == "efficient_nms":
         return EfficientNmsHead(max_detections)
     raise ModelError(f"unknown head {name!r}; known: {', '.join(HEAD_NAMES)}")
+
+
+def choose_head(
+    configured: str | None, output_shapes: Sequence[tuple[int, ...]], model: ModelConfig
+) -> Head:
+    """The model's head, chosen once: ``configured`` (``model.head`` unless ``auto``) or
+    else the one its batch-first output shapes call for (:func:`pick_head_name`), made
+    with the ``model.*`` settings. The service chooses it when its first engine is warm;
+    the pipeline and the INT8 gate decode with what this returns, never a copy."""
+    d = model.dbnet
+    return make_head(
+        configured or pick_head_name(output_shapes),
+        nms_iou=model.nms_iou,
+        max_detections=model.max_detections,
+        bin_threshold=d.bin_threshold,
+        unclip_ratio=d.unclip_ratio,
+        max_candidates=d.max_candidates,
+        min_size=d.min_size,
+        dilate=d.dilate,
+        max_height_fraction=d.max_height_fraction,
+    )
 
 
 def filter_classes(dets: F32Array, classes: frozenset[int] | None) -> F32Array:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edge_vision.config import ModelConfig
 from edge_vision.errors import ModelError
 from edge_vision.post import (
     DbnetHead,
@@ -13,6 +14,7 @@ from edge_vision.post import (
     YoloV5Head,
     YoloV8Head,
     batched_nms,
+    choose_head,
     filter_classes,
     nms,
     pick_head_name,
@@ -103,6 +105,14 @@ def test_end_to_end_and_efficient_nms_outputs() -> None:
 )
 def test_head_is_picked_from_output_shapes(shapes: list[tuple[int, ...]], head: str) -> None:
     assert pick_head_name(shapes) == head
+
+
+def test_the_head_is_chosen_once_with_the_model_settings() -> None:
+    model = ModelConfig(dbnet={"bin_threshold": 0.4, "dilate": False}, max_detections=7)
+    head = choose_head(None, [(1, 1, 384, 640)], model)
+    assert head == DbnetHead(bin_threshold=0.4, max_detections=7, dilate=False)
+    # model.head set: it wins over what the shapes would say
+    assert choose_head("yolo_v5", [(1, 1, 384, 640)], model) == YoloV5Head(max_detections=7)
 
 
 def test_unknown_outputs_name_the_config_key() -> None:

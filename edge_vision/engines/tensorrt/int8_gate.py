@@ -181,7 +181,7 @@ async def detections_of(
 ) -> list[F32Array]:
     """Each letterboxed frame's detections (frame = model input, no letterbox to undo)."""
     from ...engines import create_engine
-    from ...post import make_head, pick_head_name
+    from ...post import Head, choose_head
     from ...shape import plan_letterbox
 
     engine = create_engine(kind, spec, config)
@@ -191,18 +191,12 @@ async def detections_of(
         lb = plan_letterbox(w, h, h, w)
         m = config.model
         out: list[F32Array] = []
+        head: Head | None = None
         for i in range(0, len(frames), engine.max_batch):
             batch = list(frames[i : i + engine.max_batch])
             outputs = await engine.infer(batch)
-            name = spec.head or pick_head_name([tuple(o.shape) for o in outputs])
-            head = make_head(
-                name,
-                nms_iou=m.nms_iou,
-                max_detections=m.max_detections,
-                bin_threshold=m.dbnet.bin_threshold,
-                unclip_ratio=m.dbnet.unclip_ratio,
-                min_size=m.dbnet.min_size,
-            )
+            if head is None:
+                head = choose_head(spec.head, [tuple(o.shape) for o in outputs], m)
             for j in range(len(batch)):
                 out.append(head.decode([o[j] for o in outputs], lb, m.confidence))
         return out
