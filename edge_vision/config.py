@@ -176,6 +176,15 @@ class ModelConfig(_Section):
         "are sizes above input_size (the plan's profile ends there). docs/results.md "
         "gives agreement and CPU frames/s per size.",
     )
+    fit: Literal["letterbox", "stretch", "preset"] = Field(
+        "letterbox",
+        description="How a frame fills the engine input: letterbox (aspect kept, sides rounded "
+        "up to the stride, padded), stretch (sides rounded to the nearest stride multiple, "
+        "frame resized to fill it, as PP-OCR's own DetPreProcess) or preset (the model "
+        "family's own: stretch for ppocr_det, letterbox for yolo). docs/results.md: on 16:9 "
+        "frames stretch matches the reference pipeline's boxes 1.000/1.000, letterbox "
+        "0.90-0.94/0.83-0.90.",
+    )
     stride: int = Field(32, ge=1, description="Input sides are multiples of this.")
     min_side: int = Field(32, ge=1, description="Smallest input side the engine accepts.")
     max_side: int = Field(1280, ge=32, description="Largest input side the engine accepts.")

@@ -18,7 +18,7 @@ from typing import Literal
 
 from .config import EngineConfig, ModelConfig
 from .errors import ModelError
-from .shape import InputLimits, Normalisation
+from .shape import Fit, InputLimits, Normalisation
 
 DEFAULT_MODEL_FILE = "PP-OCRv6_det_small.onnx"
 
@@ -30,6 +30,12 @@ PRESETS: dict[str, tuple[Normalisation, int]] = {
     # Ultralytics: RGB, x / 255; pad grey 114 as its letterbox does.
     "yolo": (Normalisation((0.0,) * 3, (255.0,) * 3, rgb=True), 114),
 }
+
+# How a frame fills a dynamic-size input (shape.py) with ``model.fit: preset``, as each
+# family's own pipeline does: PP-OCR's DetPreProcess stretches to the nearest multiple of
+# 32 (measured: the boxes then match the reference's on 16:9 frames, docs/results.md),
+# Ultralytics letterboxes.
+PRESET_FIT: dict[str, Fit] = {"ppocr_det": "stretch", "yolo": "letterbox"}
 
 
 def default_model_path() -> Path:
@@ -172,7 +178,8 @@ def load_model_spec(cfg: ModelConfig) -> ModelSpec:
                 f"{path} has a static non-square input {h}x{w}; export it with dynamic axes"
             )
     else:
-        limits = InputLimits(cfg.input_size, stride, cfg.min_side, cfg.max_side)
+        fit = PRESET_FIT[preset] if cfg.fit == "preset" else cfg.fit
+        limits = InputLimits(cfg.input_size, stride, cfg.min_side, cfg.max_side, fit)
     head = None if cfg.head == "auto" else cfg.head
     return ModelSpec(
         name=path.stem,

@@ -1,15 +1,25 @@
 """Stage 4, shape: per-frame engine input size, letterbox, normalise. Pure functions.
 
 The engine input follows the frame's aspect ratio: the long side goes to the target
-(``model.input_size``), both sides are rounded *up* to the stride and clamped to the
-engine's optimisation profile, so a 16:9 frame runs at 640×384 instead of 640×640. The
-frame is resized into that canvas keeping its aspect ratio and centred; :class:`Letterbox`
-remembers the exact per-axis scale and padding so boxes map back to frame pixels.
+(``model.input_size``), both sides are rounded to the stride and clamped to the engine's
+optimisation profile, so a 16:9 frame runs at 640×384 (or 640×352) instead of 640×640.
+How the frame fills that input is the model's *fit* (:attr:`InputLimits.fit`, set per
+model preset in models.py):
+
+* ``letterbox`` (YOLO's): sides rounded *up*; the frame resized keeping its aspect ratio
+  and centred, the rest padded;
+* ``stretch`` (PP-OCR's ``DetPreProcess``, the default text detector's): sides rounded to
+  the *nearest* multiple of the stride (a 1280×720 frame at 1280 runs at 1280×704) and the
+  frame resized to fill the input, each axis by its own scale.
+
+Either way :class:`Letterbox` remembers the exact per-axis scale and padding (none for a
+stretch), so boxes map back to frame pixels exactly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import cv2
 import numpy as np
@@ -18,25 +28,37 @@ import numpy.typing as npt
 U8Array = npt.NDArray[np.uint8]
 F32Array = npt.NDArray[np.float32]
 
+Fit = Literal["letterbox", "stretch"]
+
 
 @dataclass(frozen=True, slots=True)
 class InputLimits:
-    """What the engine accepts: target long side, stride and the profile's side range."""
+    """What the engine accepts: target long side, stride and the profile's side range;
+    and how a frame fills the input (``fit``: see the module docstring)."""
 
     target: int = 640
     stride: int = 32
     min_side: int = 32
     max_side: int = 1280
+    fit: Fit = "letterbox"
 
     def __post_init__(self) -> None:
         if self.min_side > self.max_side:
             raise ValueError(f"min_side {self.min_side} > max_side {self.max_side}")
         if self.stride <= 0 or self.target <= 0:
             raise ValueError("stride and target must be positive")
+        if self.fit not in ("letterbox", "stretch"):
+            raise ValueError(f"fit must be 'letterbox' or 'stretch', not {self.fit!r}")
 
 
 def _round_up(value: float, stride: int) -> int:
     return int(-(-round(value) // stride) * stride)
+
+
+def _round_nearest(value: float, stride: int) -> int:
+    # As PP-OCR's DetPreProcess: the scaled side truncated, then rounded half to even
+    # (Python's round): 720 → 704 at stride 32, as the reference feeds the model.
+    return round(int(value) / stride) * stride
 
 
 def side_range(limits: InputLimits) -> tuple[int, int]:
@@ -56,14 +78,15 @@ def side_range(limits: InputLimits) -> tuple[int, int]:
 
 
 def choose_input_shape(width: int, height: int, limits: InputLimits) -> tuple[int, int]:
-    """Engine input ``(height, width)`` for a frame: aspect kept, stride-rounded, clamped
-    to :func:`side_range`."""
+    """Engine input ``(height, width)`` for a frame: aspect kept, stride-rounded (up for a
+    letterbox, to the nearest for a stretch), clamped to :func:`side_range`."""
     if width <= 0 or height <= 0:
         raise ValueError("frame sides must be positive")
     scale = limits.target / max(width, height)
     lo, hi = side_range(limits)
-    h = min(max(_round_up(height * scale, limits.stride), lo), hi)
-    w = min(max(_round_up(width * scale, limits.stride), lo), hi)
+    rnd = _round_nearest if limits.fit == "stretch" else _round_up
+    h = min(max(rnd(height * scale, limits.stride), lo), hi)
+    w = min(max(rnd(width * scale, limits.stride), lo), hi)
     return h, w
 
 
@@ -105,6 +128,8 @@ def plan_letterbox(src_w: int, src_h: int, out_h: int, out_w: int) -> Letterbox:
 
 def plan_for_frame(width: int, height: int, limits: InputLimits) -> Letterbox:
     h, w = choose_input_shape(width, height, limits)
+    if limits.fit == "stretch":  # the whole input, each axis scaled on its own
+        return Letterbox(width, height, w, h, w, h, 0, 0)
     return plan_letterbox(width, height, h, w)
 
 

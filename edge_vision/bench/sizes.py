@@ -1,14 +1,15 @@
 """Input-size sweep on the CPU: agreement with the reference pipeline and frames/s per size.
 
-For each long side (640, 960, 1280 by default) and real photos from the scikit-image wheel
-scaled to a camera frame (1280×720 by default), it runs the default model through our
-shape stage and DB head and through PP-OCR's reference pipeline (rapidocr's
+For each fit (``model.fit``: letterbox, stretch) and long side (640, 960, 1280 by default)
+and real photos from the scikit-image wheel scaled to a camera frame (1280×720 by
+default), it runs the default model through our shape stage and DB head and through PP-OCR's reference pipeline (rapidocr's
 ``ch_ppocr_det`` pre- and post-processing, its ``Det`` settings, ``limit_type: max`` at
 the same long side), pools the matching of the two box sets (edge_vision.agreement), and
 times our per-frame path (letterbox + normalise, ONNX Runtime, post) on one stream.
 docs/results.md holds its figures. Run::
 
     python -m edge_vision.bench.sizes [--sizes 640 960 1280] [--threads 2] [--repeats 5]
+        [--fits letterbox stretch]
 
 Needs ``rapidocr`` (the default model's wheel) and ``scikit-image`` (the photos; in the
 ``test`` extra).
@@ -20,6 +21,7 @@ import argparse
 import importlib.resources
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from ..agreement import Agreement, match_detections
 from ..config import ModelConfig
 from ..models import ModelSpec, load_model_spec
 from ..post import DbnetHead
-from ..shape import InputLimits, Letterbox, letterbox_into, normalise_into, plan_for_frame
+from ..shape import Fit, Letterbox, letterbox_into, normalise_into, plan_for_frame
 
 U8Array = npt.NDArray[np.uint8]
 F32Array = npt.NDArray[np.float32]
@@ -61,18 +63,24 @@ def photo_frame(name: str, width: int, height: int) -> U8Array:
     return np.ascontiguousarray(big[y0 : y0 + height, x0 : x0 + width])
 
 
-def reference_detections(session: Any, img: U8Array, long_side: int) -> F32Array:
-    """The reference pipeline's polygons for ``img`` as axis-aligned ``(N, 6)`` detections.
-
-    rapidocr's ``DetPreProcess`` (``limit_type: max`` at ``long_side``) and
-    ``DBPostProcess`` with the wheel's ``Det`` settings, on ``session`` (the same model)."""
-    from rapidocr.ch_ppocr_det.utils import DBPostProcess, DetPreProcess
+def reference_input(img: U8Array, long_side: int) -> F32Array:
+    """The reference pipeline's model input for ``img``: rapidocr's ``DetPreProcess`` at
+    ``limit_type: max``, ``long_side`` (each side to the nearest multiple of 32, stretched)."""
+    from rapidocr.ch_ppocr_det.utils import DetPreProcess
 
     x = DetPreProcess(long_side, "max", [0.5] * 3, [0.5] * 3)(img)
-    pred = session.run(None, {"x": x})[0]
-    polys, scores = DBPostProcess(0.3, 0.5, 1000, 1.6, "fast", use_dilation=True)(
-        pred, img.shape[:2]
-    )
+    if x is None:  # only for a frame that resizes to nothing
+        raise ValueError(f"the reference cannot resize a {img.shape} frame to {long_side}")
+    out: F32Array = x
+    return out
+
+
+def reference_post(pred: F32Array, frame_hw: tuple[int, int]) -> F32Array:
+    """The reference's ``DBPostProcess`` (the wheel's ``Det`` settings) of the model's
+    output ``pred``, its polygons as axis-aligned ``(N, 6)`` detections in frame pixels."""
+    from rapidocr.ch_ppocr_det.utils import DBPostProcess
+
+    polys, scores = DBPostProcess(0.3, 0.5, 1000, 1.6, "fast", use_dilation=True)(pred, frame_hw)
     out = np.zeros((len(polys), 6), np.float32)
     for i, (poly, score) in enumerate(zip(polys, scores, strict=True)):
         out[i, :4] = [*poly.min(axis=0), *poly.max(axis=0)]
@@ -80,10 +88,19 @@ def reference_detections(session: Any, img: U8Array, long_side: int) -> F32Array
     return out
 
 
+def reference_detections(session: Any, img: U8Array, long_side: int) -> F32Array:
+    """The reference pipeline's polygons for ``img`` as axis-aligned ``(N, 6)`` detections:
+    :func:`reference_input`, the model on ``session`` (the same model), :func:`reference_post`."""
+    pred = session.run(None, {"x": reference_input(img, long_side)})[0]
+    return reference_post(pred, (img.shape[0], img.shape[1]))
+
+
 def our_input(spec: ModelSpec, img: U8Array, long_side: int) -> tuple[F32Array, Letterbox]:
-    """Our shape stage for ``img`` at ``long_side``: the engine input and its letterbox."""
+    """Our shape stage for ``img`` at ``long_side`` (with ``spec.limits.fit``: letterbox
+    or stretch): the engine input and its letterbox."""
     h, w = img.shape[:2]
-    lb = plan_for_frame(w, h, InputLimits(target=long_side, max_side=max(1280, long_side)))
+    limits = replace(spec.limits, target=long_side, max_side=max(1280, long_side))
+    lb = plan_for_frame(w, h, limits)
     canvas = np.zeros((lb.out_h, lb.out_w, 3), np.uint8)
     letterbox_into(img, lb, canvas, spec.pad_value)
     x = np.empty((1, 3, lb.out_h, lb.out_w), np.float32)
@@ -126,33 +143,38 @@ def sweep(
     photos: tuple[str, ...] = TEXT_PHOTOS,
     threads: int = 2,
     repeats: int = 5,
+    fits: tuple[Fit, ...] = ("letterbox",),
 ) -> list[dict[str, Any]]:
-    """One row per size: agreement with the reference, per-stage ms and frames/s.
+    """One row per fit and size: agreement with the reference, per-stage ms and frames/s.
 
-    The timing rounds interleave the sizes (one frame at each size in turn), so load from
-    other processes on a shared machine falls on every size alike; each figure is the
+    The timing rounds interleave the sizes and fits (one frame at each in turn), so load
+    from other processes on a shared machine falls on all alike; each figure is the
     median over ``repeats`` rounds of all photos, after one untimed warm-up round."""
     import onnxruntime as ort
 
-    spec = load_model_spec(ModelConfig())
+    base = load_model_spec(ModelConfig())
+    specs = {fit: replace(base, limits=replace(base.limits, fit=fit)) for fit in fits}
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(spec.path), opts, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(base.path), opts, providers=["CPUExecutionProvider"])
     frames = [photo_frame(p, *frame) for p in photos]
-    times: dict[int, list[tuple[float, ...]]] = {size: [] for size in sizes}
+    cases = [(fit, size) for fit in fits for size in sizes]
+    times: dict[tuple[Fit, int], list[tuple[float, ...]]] = {case: [] for case in cases}
     for r in range(repeats + 1):
         for img in frames:
-            for size in sizes:
-                t = time_frame(session, spec, img, size)
+            for fit, size in cases:
+                t = time_frame(session, specs[fit], img, size)
                 if r:
-                    times[size].append(t)
+                    times[fit, size].append(t)
     rows = []
-    for size in sizes:
-        med = [float(np.median([t[i] for t in times[size]])) * 1000.0 for i in range(3)]
-        total = float(np.median([sum(t) for t in times[size]])) * 1000.0
+    for fit, size in cases:
+        spec = specs[fit]
+        med = [float(np.median([t[i] for t in times[fit, size]])) * 1000.0 for i in range(3)]
+        total = float(np.median([sum(t) for t in times[fit, size]])) * 1000.0
         _, lb = our_input(spec, frames[0], size)
         rows.append(
             {
+                "fit": fit,
                 "long_side": size,
                 "input": f"{lb.out_w}x{lb.out_h}",
                 **agreement_at(session, spec, frames, size).as_dict(),
@@ -167,13 +189,14 @@ def sweep(
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| long side | input | ref boxes | ours | matched | recall | precision | "
+        "| fit | long side | input | ref boxes | ours | matched | recall | precision | "
         "infer ms | post ms | frames/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['long_side']} | {r['input']} | {r['reference']} | {r['candidate']} | "
+            f"| {r['fit']} | {r['long_side']} | {r['input']} | {r['reference']} | "
+            f"{r['candidate']} | "
             f"{r['matched']} | {r['recall']:.3f} | {r['precision']:.3f} | {r['infer_ms']} | "
             f"{r['post_ms']} | {r['frames_per_s']} |"
         )
@@ -186,10 +209,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--frame", type=int, nargs=2, default=[1280, 720], metavar=("W", "H"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--fits", nargs="+", choices=["letterbox", "stretch"], default=["letterbox", "stretch"]
+    )
     ap.add_argument("--json", action="store_true", help="print JSON rows, not a table")
     args = ap.parse_args(argv)
     rows = sweep(
-        args.sizes, frame=(args.frame[0], args.frame[1]), threads=args.threads, repeats=args.repeats
+        args.sizes,
+        frame=(args.frame[0], args.frame[1]),
+        threads=args.threads,
+        repeats=args.repeats,
+        fits=tuple(args.fits),
     )
     print(json.dumps(rows, indent=1) if args.json else markdown(rows))
 
