@@ -1,11 +1,14 @@
-"""One WebSocket connection: receive → admit → (pipeline) → reply, as three small tasks.
+"""One WebSocket connection: read → session core → send, a thin asyncio shell.
 
-* the reader parses messages, answers bad ones with ``error`` at once, admits frames;
-* the producer takes admitted frames while fewer than the mode's limit are in flight
-  (``session.latest_in_flight`` or ``session.every_in_flight``) and starts their
-  processing; in ``latest`` mode one frame decodes at a time and a newer decoded frame
-  takes the place of the one still waiting for the engine, which is dropped at once;
-* the sender writes replies strictly in admission order.
+* the reader parses messages, answers bad ones with ``error`` at once and hands frames
+  to the session core (edge_vision.session_core), which decides everything between
+  arrival and reply: admission (``latest`` / ``every``), the in-flight limit
+  (``session.latest_in_flight`` / ``session.every_in_flight``), decode-ahead,
+  superseding, reply order and the session's counters;
+* edge_vision.session_runner carries out the core's actions: each taken frame runs
+  through the pipeline in a task, and one sender task writes the replies in the core's
+  order through :meth:`Connection.send`;
+* a ping task keeps the socket alive.
 
 Nothing here is CPU-bound: parsing is a JSON load, every stage of the pipeline runs in
 a worker thread or on the engine. A client that stops reading is closed with 4002 after
@@ -25,14 +28,14 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.http_websocket import WebSocketError
 
 from . import reply
-from .admit import Admission
 from .aio import cancel_and_wait, with_timeout, within
 from .budget import FrameLedger, frame_cost, wait_for_room
 from .close_codes import CloseCode
 from .config import Config, session_input_sizes
-from .errors import ClientError, EngineError, FrameSuperseded, ModelError
+from .errors import ClientError, ModelError
 from .metrics import Metrics
 from .pipeline import FramePipeline, FrameResult
+from .read import SessionReading
 from .receive import (
     FrameMessage,
     MessageBudget,
@@ -43,6 +46,8 @@ from .receive import (
     parse_text,
 )
 from .session import Session
+from .session_core import SessionCore
+from .session_runner import FrameCore, FrameTicket, SessionRunner
 from .state import StateKeeper
 from .track import Tracker
 from .versions import CURRENT, ProtocolVersion
@@ -84,17 +89,26 @@ class Connection:
         # Reading text (since protocol 2, settings.read): what this session's labels said.
         self.reading = ctx.pipeline.reading.session()
         cfg = ctx.config
-        self.admission: Admission[FrameMessage] = Admission(session.mode, cfg.session.every_queue)
-        self._send_lock = asyncio.Lock()
-        self._in_flight = 0
-        self._capacity = asyncio.Condition()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._decode_idle = asyncio.Event()
-        self._decode_idle.set()
-        self._ordered: asyncio.Queue[asyncio.Task[tuple[str | FrameResult | None, bool]]] = (
-            asyncio.Queue()
+        # The session's rules (session_core.py), counting into the session itself so a
+        # resumed session's counters carry on; the runner carries out what it decides.
+        self.core: FrameCore = SessionCore(
+            session.mode,
+            latest_in_flight=cfg.session.latest_in_flight,
+            every_in_flight=cfg.session.every_in_flight,
+            every_queue=cfg.session.every_queue,
+            books=session,
         )
+        self.runner = SessionRunner(
+            self.core,
+            ctx.pipeline,
+            settings=session.frame_settings,
+            send=self._send_reply,
+            reading=self._reading_now,
+            on_release=lambda frame: self.memory.release(id(frame)),
+            metrics=ctx.metrics,
+            name=f"session {session.id}",
+        )
+        self._send_lock = asyncio.Lock()
         # What this connection's frames hold in the node's memory budget (budget.py).
         self.memory = FrameLedger(ctx.pipeline.budget)
         self._memory_wanted = 0  # bytes a refused frame wanted: wait for them before reading
@@ -107,11 +121,11 @@ class Connection:
     @property
     def in_flight(self) -> int:
         """Frames taken from admission whose reply has not been sent yet."""
-        return self._in_flight
+        return self.core.in_flight
 
     async def wait_idle(self) -> None:
-        """Until no frame of this connection is in flight (graceful shutdown)."""
-        await self._idle.wait()
+        """Until no frame of this connection waits or is in flight (graceful shutdown)."""
+        await self.runner.wait_idle()
 
     # -- sending ----------------------------------------------------------------------
 
@@ -140,81 +154,35 @@ class Connection:
         except (TimeoutError, ConnectionError):
             pass
 
-    # -- the three tasks --------------------------------------------------------------
+    # -- the tasks --------------------------------------------------------------------
 
     async def serve(self) -> None:
         """Run until the socket closes. Returns after every task has stopped."""
-        tasks = [
-            asyncio.create_task(self._produce(), name=f"produce-{self.session.id}"),
-            asyncio.create_task(self._send_in_order(), name=f"send-{self.session.id}"),
-            asyncio.create_task(self._ping(), name=f"ping-{self.session.id}"),
-        ]
+        self.runner.start()
+        ping = asyncio.create_task(self._ping(), name=f"ping-{self.session.id}")
         try:
             await self._read()
         finally:
-            await cancel_and_wait(*tasks)
-            while not self._ordered.empty():
-                self._ordered.get_nowait().cancel()
+            await cancel_and_wait(ping)
             # Frames the socket closed on (waiting, or taken but never sent) are counted as
-            # dropped, so received = answered + dropped + rejected holds after a resume too.
-            self._count_dropped(len(self.admission.core.drain()) + self._in_flight)
-            self._in_flight = 0
-            self._idle.set()
+            # dropped by the core, so received = answered + dropped + rejected holds after
+            # a resume too.
+            await self.runner.close()
             self.memory.release_all()  # every frame of this connection is done with
 
-    def _limit(self) -> int:
-        s = self.ctx.config.session
-        return s.latest_in_flight if self.admission.mode == "latest" else s.every_in_flight
+    async def _send_reply(self, ticket: FrameTicket) -> None:
+        """The core's Send: a result is serialised only now, so tracks see frame order."""
+        res = ticket.reply
+        if isinstance(res, ClientError):
+            await self.send(reply.client_error(res))
+        elif isinstance(res, FrameResult):
+            await self.send(self._result_text(res))
+        else:
+            raise RuntimeError(f"frame {ticket.seq} has no reply to send")
 
-    async def _produce(self) -> None:
-        while True:
-            # Latest-wins decodes one frame at a time; the newest decoded frame then takes
-            # the place of this connection's frame still waiting for the engine, so the
-            # engine always gets the freshest frame and a slow engine costs drops, not age.
-            await self._decode_idle.wait()
-            async with self._capacity:
-                await self._capacity.wait_for(lambda: self._in_flight < self._limit())
-            frame = await self.admission.get()
-            latest = self.admission.mode == "latest"
-            # Counted once a frame is taken (only this task adds, so room is still there):
-            # an idle connection waiting for its next frame has nothing in flight.
-            self._in_flight += 1
-            self._idle.clear()
-            if latest:
-                self._decode_idle.clear()
-            task = asyncio.create_task(self._process(frame, time.perf_counter(), latest))
-            # Done (or cancelled, even before it ran): nothing holds the frame's bytes now.
-            task.add_done_callback(self.memory.releaser(id(frame)))
-            self._ordered.put_nowait(task)
-
-    async def _send_in_order(self) -> None:
-        while True:
-            task = await self._ordered.get()
-            text, is_result = await task
-            if text is None:  # superseded: already counted and its place given back
-                continue
-            if isinstance(text, FrameResult):  # serialised here, so tracks see frame order
-                text = self._result_text(text)
-            try:
-                await self.send(text)
-            except (ConnectionDone, asyncio.CancelledError):
-                if is_result:  # computed but never delivered: the client sees it as dropped
-                    self._count_dropped(1)
-                raise
-            else:
-                if is_result:  # answered means delivered
-                    self.session.answered += 1
-                    self.ctx.metrics.frames_answered.inc()
-            finally:
-                await self._release()
-
-    async def _release(self) -> None:
-        """A frame taken from admission is done with: its place goes to the next one."""
-        async with self._capacity:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
-            self._capacity.notify_all()
+    def _reading_now(self) -> SessionReading | None:
+        """The session's reading state for the frame being taken, when it reads text."""
+        return self.reading if self.session.read and self.protocol.text_reading else None
 
     async def _charge_memory(self, frame: FrameMessage) -> bool:
         """Charge ``frame`` to the node's memory budget (budget.py); False when it found
@@ -227,9 +195,9 @@ class Connection:
         and TCP slows the client."""
         cost = frame_cost(len(frame.image), frame.image_is_base64)
         budget = self.memory.budget
-        if self.admission.mode == "latest":
+        if self.core.mode == "latest":
             # The frame it replaces is released at once: its bytes count as room.
-            credit = sum(self.memory.charge_of(id(f)) for f in self.admission.core.waiting())
+            credit = sum(self.memory.charge_of(id(f)) for f in self.core.waiting)
             if self.memory.try_charge(id(frame), cost, credit=credit):
                 return True
             await self.send(self._over_budget(frame, cost))
@@ -261,47 +229,6 @@ class Connection:
         )
         return self._rejected(err)
 
-    def _frames_dropped(self, frames: list[FrameMessage]) -> None:
-        """Frames the admission policy dropped: counted, and their bytes given back."""
-        for f in frames:
-            self.memory.release(id(f))
-        self._count_dropped(len(frames))
-
-    async def _process(
-        self, frame: FrameMessage, taken_at: float, latest: bool
-    ) -> tuple[str | FrameResult | None, bool]:
-        """The reply for one frame and whether it is a result (else an error); no reply
-        (None) when a newer frame of this connection took its place. A result is returned
-        as it is and serialised in reply order (:meth:`_result_text`)."""
-        s = self.session
-        try:
-            res = await self.ctx.pipeline.process(
-                frame,
-                s.frame_settings(),
-                taken_at,
-                supersede_key=self if latest else None,
-                on_prepared=self._decode_idle.set,
-                reading=self.reading if s.read and self.protocol.text_reading else None,
-            )
-        except FrameSuperseded:
-            # Its place is given back now rather than in reply order: held until the frame
-            # ahead of it was sent, it kept the newest frame from being taken, so the engine
-            # next ran an older one and a frame waited for two. (Counted after the release:
-            # if cancelled before it, the shutdown count in serve() includes it.)
-            await self._release()
-            self._count_dropped(1)
-            return None, False
-        except ClientError as e:
-            return self._rejected(e.with_frame_id(frame.id)), False
-        except EngineError as e:
-            return self._rejected(ClientError("engine_unavailable", str(e), frame.id)), False
-        except Exception:
-            log.exception("frame %r of session %s failed", frame.id, s.id)
-            err = ClientError("internal", "the server failed on this frame", frame.id)
-            return self._rejected(err), False
-        self.ctx.metrics.observe_timing(res.timing)
-        return res, True
-
     def _result_text(self, res: FrameResult) -> str:
         s = self.session
         tracks = None
@@ -310,7 +237,9 @@ class Connection:
         return reply.result(res, self.ctx.label, s.dropped, tracks)
 
     def _rejected(self, err: ClientError) -> str:
-        self.session.rejected += 1
+        """A message that may have been a frame, refused on arrival: received and
+        rejected in the books (the core's), and the error to answer it with."""
+        self.core.refused()
         self.ctx.metrics.frames_rejected.labels(err.code).inc()
         return reply.client_error(err)
 
@@ -388,8 +317,7 @@ class Connection:
         """aiohttp failed the connection (it already sent its close code) or lost it."""
         s, m = self.session, self.ctx.metrics
         if isinstance(exc, WebSocketError) and exc.code == WSCloseCode.MESSAGE_TOO_BIG:
-            s.received += 1  # a message too broken to tell, answered by the close code
-            s.rejected += 1
+            self.core.refused()  # a message too broken to tell, answered by the close code
             m.frames_received.inc()
             m.frames_rejected.labels("message_too_large").inc()
             m.connections_closed.labels("message_too_large").inc()
@@ -423,18 +351,17 @@ class Connection:
                 m.frames_rejected.labels(e.code).inc()
                 await self.send(reply.client_error(e))
                 return False
-            s.received += 1  # anything else may have been a frame
-            m.frames_received.inc()
+            m.frames_received.inc()  # anything else may have been a frame
             await self.send(self._rejected(e))
             return False
         if isinstance(parsed, FrameMessage):
-            s.received += 1
             s.last_seen = time.time()
             m.frames_received.inc()
             if not await self._charge_memory(parsed):
-                return False  # answered with over_memory_budget
-            self._frames_dropped(await self.admission.put(parsed))
-            return self.admission.mode == "every"
+                return False  # answered with over_memory_budget (received and rejected)
+            # Received in the books now; in 'every' mode first waits for room in the queue.
+            await self.runner.admit(parsed)
+            return self.core.mode == "every"
         elif isinstance(parsed, SettingsMessage):
             await self._apply_settings(parsed)
         elif isinstance(parsed, PingMessage):
@@ -450,19 +377,13 @@ class Connection:
         """A text message that is not UTF-8 fails the connection with 1007 (RFC 6455
         section 8.1). Counted as received and rejected: a message answered by a code."""
         s, m = self.session, self.ctx.metrics
-        s.received += 1
-        s.rejected += 1
+        self.core.refused()
         m.frames_received.inc()
         m.frames_rejected.labels("invalid_utf8").inc()
         log.info("session %s sent a text message that is not UTF-8; closing with 1007", s.id)
         await self.close(
             CloseCode.INVALID_PAYLOAD, "text message is not valid UTF-8", "invalid_utf8"
         )
-
-    def _count_dropped(self, n: int) -> None:
-        if n:
-            self.session.dropped += n
-            self.ctx.metrics.frames_dropped.inc(n)
 
     async def _apply_settings(self, msg: SettingsMessage) -> None:
         s = self.session
@@ -495,9 +416,7 @@ class Connection:
             s.read = msg.read
         if msg.mode is not None and msg.mode != s.mode:
             s.mode = msg.mode
-            self._frames_dropped(await self.admission.set_mode(msg.mode))
-            async with self._capacity:
-                self._capacity.notify_all()
+            self.runner.mode_changed(msg.mode)  # to latest: all but the newest waiting drop
         self.ctx.keeper.touch(s)
         extra = (
             {"track": s.track, "input_size": s.input_size, "read": s.read}

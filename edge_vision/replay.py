@@ -7,7 +7,8 @@ RTSP/HTTP URL or a camera index (:mod:`edge_vision.sources`). Frames are JPEG-en
 a camera client would send them and served either
 
 * in-process, by the same objects the server builds (``InferenceService`` +
-  ``FramePipeline``, admission by :class:`~edge_vision.admit.Admission`), or
+  ``FramePipeline``, and one connection's :class:`~edge_vision.session_core.SessionCore`
+  with the server's limits, so admission, drops and reply order are the server's), or
 * by a running server over ``--url ws://host:8080/ws``, exactly as a camera client
   (docs/protocol.md: ``hello``, ``frame`` as JSON or binary, ``result`` / ``error``).
 
@@ -51,7 +52,7 @@ from typing import IO, TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 import orjson
 
 from .aio import cancel_and_wait, wait_event, with_timeout
-from .errors import ClientError, EdgeVisionError, EngineError
+from .errors import ClientError, EdgeVisionError
 from .receive import FrameId, FrameMessage, encode_binary_frame, encode_json_frame
 from .settings import Mode
 from .sources import Cut, FrameSource, SourceFrame, SourceInfo, open_source
@@ -62,7 +63,9 @@ if TYPE_CHECKING:
     from .annotate import VideoSink
     from .config import Config
     from .infer import InferenceService
-    from .pipeline import FramePipeline, FrameSettings
+    from .pipeline import FramePipeline
+    from .session_core import Drop
+    from .session_runner import FrameCore, FrameTicket, SessionRunner
 
 log = logging.getLogger("edge_vision.replay")  # also when run as __main__
 
@@ -481,14 +484,10 @@ class Target(Protocol):
     async def close(self) -> None: ...
 
 
-@dataclass(slots=True)
-class _LocalJob:
-    seq: int
-    message: FrameMessage
-
-
 class LocalTarget:
-    """In-process: the server's own InferenceService and FramePipeline, no socket."""
+    """In-process: the server's own InferenceService and FramePipeline, under the server's
+    own session core (edge_vision.session_core) with the same limits; only the socket is
+    missing, so in-process replay measures exactly what the server does."""
 
     def __init__(
         self,
@@ -513,39 +512,48 @@ class LocalTarget:
         self.failed = asyncio.Event()
         self.service: InferenceService | None = None
         self.pipeline: FramePipeline | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._dispatcher: asyncio.Task[None] | None = None
-        self._dropped = 0
+        self._runner: SessionRunner | None = None
+        self._seqs: dict[int, int] = {}  # id(frame message) -> seq, until it is settled
         self._closed = False
 
     async def start(self) -> None:
-        from .admit import Admission
         from .infer import InferenceService
         from .models import load_model_spec
         from .pipeline import FramePipeline, FrameSettings
+        from .session_core import SessionCore
+        from .session_runner import SessionRunner
 
         cfg = self.config
         spec = await asyncio.to_thread(load_model_spec, cfg.model)
         self.service = InferenceService(spec, cfg)
         await self.service.start()
         self.pipeline = FramePipeline(cfg, self.service)
-        self.settings: FrameSettings = FrameSettings(self._confidence, self._classes)
-        self.reading = None
+        settings = FrameSettings(self._confidence, self._classes)
+        reading = None
         if self._read:  # as a server session with read on; fails here, not per frame
             await self.pipeline.reading.reader()
-            self.reading = self.pipeline.reading.session()
+            reading = self.pipeline.reading.session()
         engine = self.service.engine
         self.description = f"in-process {engine.kind if engine else cfg.engine.kind}"
-        # The server's own limits for a connection (docs/protocol.md, admission): latest
-        # serves one frame at a time; every serves session.every_in_flight at once, in order,
-        # with session.every_queue waiting.
-        limit, waiting = 1, 1
-        if self.mode == "every":
-            limit = self._in_flight_opt or cfg.session.every_in_flight
-            waiting = cfg.session.every_queue
-        self._slots = asyncio.Semaphore(limit)
-        self._admission: Admission[_LocalJob] = Admission(self.mode, waiting)
-        self._dispatcher = asyncio.create_task(self._dispatch(), name="replay-dispatch")
+        # The server's own rules and limits for a connection (docs/protocol.md, Admission);
+        # --in-flight overrides session.every_in_flight.
+        s = cfg.session
+        core: FrameCore = SessionCore(
+            self.mode,
+            latest_in_flight=s.latest_in_flight,
+            every_in_flight=self._in_flight_opt or s.every_in_flight,
+            every_queue=s.every_queue,
+        )
+        self._runner = SessionRunner(
+            core,
+            self.pipeline,
+            settings=lambda: settings,
+            send=self._answer,
+            reading=lambda: reading,
+            on_drop=self._dropped,
+            name="replay",
+        )
+        self._runner.start()
 
     def encode(self, frame: SourceFrame, jpeg: bytes) -> bytes:
         return jpeg
@@ -553,64 +561,55 @@ class LocalTarget:
     async def send(self, seq: int, enc: Encoded) -> None:
         if not isinstance(enc.payload, bytes):
             raise TypeError("in-process frames carry JPEG bytes")
-        msg = FrameMessage(enc.frame.index, enc.frame.ts, enc.payload, False, time.perf_counter())
-        for job in await self._admission.put(_LocalJob(seq, msg)):
-            self._dropped += 1
-            self.deliver(job.seq, Outcome("dropped", reason="dropped"))
-
-    async def _dispatch(self) -> None:
-        while True:
-            await self._slots.acquire()
-            try:
-                job = await self._admission.get()
-            except BaseException:
-                self._slots.release()
-                raise
-            task = asyncio.create_task(self._process(job))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _process(self, job: _LocalJob) -> None:
-        from . import reply
-
-        pipeline, service = self.pipeline, self.service
-        if pipeline is None or service is None:
+        if self._runner is None:
             raise RuntimeError("LocalTarget used before start()")
-        try:
-            res = await pipeline.process(
-                job.message, self.settings, time.perf_counter(), reading=self.reading
-            )
-            latency = (time.perf_counter() - job.message.received_at) * 1000.0
-            result = orjson.loads(reply.result(res, service.spec.label, self._dropped))
-            outcome = Outcome("answered", result=result, latency_ms=latency)
-        except ClientError as e:
-            outcome = Outcome("error", error={"code": e.code, "message": e.message})
-        except EngineError as e:
-            outcome = Outcome("error", error={"code": "engine_unavailable", "message": str(e)})
-        except asyncio.CancelledError:
-            self._settle(job.seq, Outcome("unanswered", reason="interrupted"))
-            raise
-        except Exception:  # a bug must not leave the frame unsettled (the run would hang)
-            log.exception("frame %r failed in-process", job.message.id)
-            outcome = Outcome("error", error={"code": "internal", "message": "see the log"})
-        self._settle(job.seq, outcome)
+        msg = FrameMessage(enc.frame.index, enc.frame.ts, enc.payload, False, time.perf_counter())
+        self._seqs[id(msg)] = seq
+        await self._runner.admit(msg)  # 'every' waits for room in the queue
 
-    def _settle(self, seq: int, outcome: Outcome) -> None:
-        self._slots.release()
-        self.deliver(seq, outcome)
+    async def _answer(self, ticket: FrameTicket) -> None:
+        """The core's Send: this reply is next in frame order (the server would send it)."""
+        from . import reply
+        from .pipeline import FrameResult
+
+        res, msg = ticket.reply, ticket.frame
+        if isinstance(res, ClientError):
+            outcome = Outcome("error", error={"code": res.code, "message": res.message})
+        elif isinstance(res, FrameResult) and self.service is not None and self._runner:
+            latency = (time.perf_counter() - msg.received_at) * 1000.0
+            dropped = self._runner.core.books.dropped
+            result = orjson.loads(reply.result(res, self.service.spec.label, dropped))
+            outcome = Outcome("answered", result=result, latency_ms=latency)
+        else:
+            raise RuntimeError(f"frame {msg.id!r} has no reply to deliver")
+        self._settle(msg, outcome)
+
+    def _dropped(self, drop: Drop[FrameMessage]) -> None:
+        # 'closed' only when replay stops before every frame settled (a failure).
+        for msg in drop.frames:
+            if drop.reason == "closed":
+                self._settle(msg, Outcome("unanswered", reason="interrupted"))
+            else:
+                self._settle(msg, Outcome("dropped", reason="dropped"))
+
+    def _settle(self, msg: FrameMessage, outcome: Outcome) -> None:
+        seq = self._seqs.pop(id(msg), None)
+        if seq is not None:  # None: settled already (an abort)
+            self.deliver(seq, outcome)
 
     def abort(self, reason: str) -> None:
-        for job in self._admission.core.drain():
-            self.deliver(job.seq, Outcome("unanswered", reason=reason))
-        for task in list(self._tasks):
-            task.cancel()  # each settles its frame as unanswered
+        for seq in sorted(self._seqs.values()):
+            self.deliver(seq, Outcome("unanswered", reason=reason))
+        self._seqs.clear()
+        if self._runner is not None:
+            self._runner.abort()
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        await cancel_and_wait(self._dispatcher)
-        await cancel_and_wait(*self._tasks)
+        if self._runner is not None:
+            await self._runner.close()
         if self.service is not None:
             await self.service.close()
         if self.pipeline is not None:
