@@ -23,6 +23,7 @@ from jsonschema import Draft7Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
+from edge_vision.close_codes import CloseCode
 from edge_vision.errors import ERROR_CODES, ClientError
 from edge_vision.models import ModelSpec
 from edge_vision.receive import (
@@ -128,6 +129,9 @@ def test_document_states_this_releases_versions_and_error_codes() -> None:
     query = DOC["channels"]["session"]["bindings"]["ws"]["query"]["properties"]
     assert query["protocol"]["enum"] == [str(v) for v in SUPPORTED_VERSIONS]
     assert DOC["components"]["schemas"]["ErrorCode"]["enum"] == list(ERROR_CODES)
+    closes = DOC["info"]["description"].split("**Close codes**", 1)[1].split("**", 1)[0]
+    for code in CloseCode:  # every code the server sends, in the document's close codes
+        assert str(int(code)) in closes, f"close code {int(code)} ({code.name}) undocumented"
 
 
 def test_every_example_validates_against_its_message_schema() -> None:
@@ -307,6 +311,9 @@ TEXT_CASES: list[tuple[str, Any, bool]] = [
     ("settings, input size 0", {"type": "settings", "input_size": 0}, False),
     ("settings, input size bool", {"type": "settings", "input_size": True}, False),
     ("settings, input size text", {"type": "settings", "input_size": "960"}, False),
+    ("settings, read on", {"type": "settings", "read": True}, True),
+    ("settings, read null", {"type": "settings", "read": None}, True),
+    ("settings, read a number", {"type": "settings", "read": 1}, False),
     ("ping", {"type": "ping", "payload": {"any": ["thing"]}}, True),
     ("ping, no payload", {"type": "ping"}, True),
     ("unknown type", {"type": "hello"}, False),
