@@ -213,3 +213,16 @@ def test_model_fit_setting_picks_the_shape_stage_s_fit(fit: str, want: str) -> N
     assert spec.limits.fit == want
     h, w = choose_input_shape(1280, 720, spec.limits)
     assert (h, w) == ((352, 640) if want == "stretch" else (384, 640))
+
+
+def test_the_thread_count_bench_reports_frames_per_second_three_ways() -> None:
+    from edge_vision.bench.threads import measure
+
+    got = measure(640, 2, seconds=0.3, rounds=1)
+    assert got["input"] == "640x384"
+    assert [r["way"] for r in got["rows"]] == [
+        "2 threads x 1 stream",
+        "1 thread x 1 stream",
+        "1 thread x 2 streams",
+    ]
+    assert all(r["frames_per_s"] > 0 and r["latency_p99_ms"] > 0 for r in got["rows"])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -153,3 +155,17 @@ def test_three_hundred_words_keep_their_ids_and_an_update_costs_a_few_ms() -> No
         costs.append(time.thread_time() - t0)
         assert ids.tolist() == np.array(first)[seen].tolist(), f"frame {i}"
     assert float(np.median(costs)) < T(0.01), costs
+
+
+def test_the_tracker_bench_times_the_current_and_a_git_revision_s_tracker(tmp_path: Path) -> None:
+    from edge_vision.bench.tracker import main
+
+    out = tmp_path / "tracker.json"
+    args = ["--boxes", "1", "40", "--frames", "6", "--rounds", "1", "--baseline", "HEAD"]
+    assert main([*args, "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["versions"] == ["current", "HEAD"]
+    for n in ("1", "40"):
+        row = got["boxes"][n]
+        assert row["same_ids"] is True  # the array tracker gives the git revision's ids
+        assert row["current"]["updates"] == 5 and row["current"]["cpu_median_ms"] > 0
