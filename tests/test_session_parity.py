@@ -23,6 +23,7 @@ import pytest
 from edge_vision import replay
 from edge_vision.engines.onnxruntime import OnnxRuntimeEngine
 from edge_vision.replay import ReplayOptions
+from edge_vision.sources import Cut
 
 from .support.server import make_config, running_server
 from .support.timing import T
@@ -78,7 +79,7 @@ async def test_in_process_replay_and_the_server_answer_and_drop_the_same_frames(
     fixed_time_engine: list[float], clip: TextClip, tmp_path: Path, mode: str, frames: int
 ) -> None:
     config = make_config(SETTINGS)
-    cut = replay.Cut(duration_s=frames / FPS) if frames < clip.frames else replay.Cut()
+    cut = Cut(duration_s=frames / FPS) if frames < clip.frames else Cut()
     common: dict[str, Any] = {"input": str(clip.path), "mode": mode, "cut": cut}
     local_opts = ReplayOptions(**common, jsonl=tmp_path / "local.jsonl", progress=False)
     local, local_lines = await asyncio.to_thread(run, local_opts, config)
@@ -94,6 +95,8 @@ async def test_in_process_replay_and_the_server_answer_and_drop_the_same_frames(
         assert s["frames"] == len(lines) >= frames - 1
         assert s["answered"] + s["dropped"] == frames, s
         assert lines[-1]["status"] == "answered"  # the last frame is always answered
+    counts = {k: (s["answered"], s["dropped"]) for k, s in (("local", local), ("remote", remote))}
+    print(f"{mode}: (answered, dropped) {counts}")  # the numbers for the record (-s)
     assert local["frames"] == remote["frames"]
     frames = local["frames"]
     if mode == "every":
