@@ -127,7 +127,7 @@ class SessionRunner:
             if isinstance(action, Process):
                 task = asyncio.create_task(self._process(action.ticket, time.perf_counter()))
                 self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                task.add_done_callback(self._task_done)
             elif isinstance(action, Send):
                 self._outbox.put_nowait(action.ticket)
             elif isinstance(action, Drop):
@@ -138,6 +138,13 @@ class SessionRunner:
             elif isinstance(action, Release) and self._on_release is not None:
                 self._on_release(action.frame)
         self._changed.set()
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (e := task.exception()) is not None:
+            # A broken rule (the core refused an event): say so loudly, never silently
+            # hold a place in flight.
+            log.error("a frame task of %s failed", self._name, exc_info=e)
 
     async def _wait_for(self, ready: Callable[[], bool]) -> None:
         while not ready():
