@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Subcommands that live in their own modules; each has ``register_cli(subparsers)`` and
 # keeps its heavy imports inside the command function. Imported when the parser is built:
 # they import this module for the shared config flags.
-SUBCOMMAND_MODULES = ("replay", "bench", "build_engine", "auth")
+SUBCOMMAND_MODULES = ("replay", "bench", "build_engine", "auth", "doctor")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

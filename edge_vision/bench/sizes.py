@@ -2,7 +2,8 @@
 
 For each fit (``model.fit``: letterbox, stretch) and long side (640, 960, 1280 by default)
 and real photos from the scikit-image wheel scaled to a camera frame (1280×720 by
-default), it runs the default model through our shape stage and DB head and through PP-OCR's reference pipeline (rapidocr's
+default), it runs the default model through our shape stage and DB head and through
+PP-OCR's reference pipeline (rapidocr's
 ``ch_ppocr_det`` pre- and post-processing, its ``Det`` settings, ``limit_type: max`` at
 the same long side), pools the matching of the two box sets (edge_vision.agreement), and
 times our per-frame path (letterbox + normalise, ONNX Runtime, post) on one stream.
