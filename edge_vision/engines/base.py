@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import types
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -130,7 +131,12 @@ def engine_class(kind: str) -> type[Engine]:
     found = [
         v
         for v in vars(module).values()
-        if isinstance(v, type) and issubclass(v, Engine) and v.__dict__.get("kind") == kind
+        # On Python 3.10 a parametrised alias such as ``np.ndarray[...]`` passes
+        # isinstance(v, type) but makes issubclass raise: skip aliases.
+        if isinstance(v, type)
+        and not isinstance(v, types.GenericAlias)
+        and issubclass(v, Engine)
+        and v.__dict__.get("kind") == kind
     ]
     if len(found) != 1:
         raise RuntimeError(f"module {module.__name__} must define one Engine of kind {kind!r}")
