@@ -5,15 +5,14 @@ memory is read from /proc/<pid>/status."""
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from edge_vision.bench import soak
 from edge_vision.budget import FrameLedger, MemoryBudget, frame_cost
 from edge_vision.decode import BufferPool, check_decoded_limit, read_image_header
 from edge_vision.errors import ClientError
@@ -31,31 +30,11 @@ MiB = 1024 * 1024
 
 
 def padded_jpeg(target_bytes: int) -> bytes:
-    """A small real JPEG made ``target_bytes`` long with comment segments (JPEG COM,
-    ITU T.81 B.2.4.5): a maximal message that costs its bytes, not a long decode."""
-    core = jpeg(text_scene(320, 240).rgb, quality=80)
-    pad, left = [], target_bytes - len(core)
-    while left > 4:
-        n = min(65533, left - 4)
-        pad.append(b"\xff\xfe" + struct.pack(">H", n + 2) + b"\x00" * n)
-        left -= n + 4
-    return core[:2] + b"".join(pad) + core[2:]
+    """A small real JPEG made ``target_bytes`` long (the soak bench's padding)."""
+    return soak.padded_jpeg(jpeg(text_scene(320, 240).rgb, quality=80), target_bytes)
 
 
-def png_of_zeros(side: int) -> bytes:
-    """A valid RGB PNG of ``side`` x ``side`` black pixels: 116 KB for 6,320 squared, which
-    would decode to 120 MB (the image bomb of issue 12), compressed row by row."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-        )
-
-    z = zlib.compressobj(9)
-    row = b"\x00" * (1 + side * 3)
-    idat = b"".join(z.compress(row) for _ in range(side)) + z.flush()
-    ihdr = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+png_of_zeros = soak.png_of_zeros
 
 
 def rss_bytes(pid: int, field: str = "VmRSS") -> int:

@@ -53,8 +53,9 @@ HOSTILE_KINDS = (
 )
 
 
-def _png_of_zeros(side: int) -> bytes:
-    """An RGB PNG of ``side``² black pixels: 116 KB that would decode to 120 MB."""
+def png_of_zeros(side: int) -> bytes:
+    """An RGB PNG of ``side``² black pixels, compressed row by row: 116 KB for 6,320², which
+    would decode to 120 MB (the image bomb of issue 12; tests/test_memory_budget.py uses it)."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         crc = struct.pack(">I", zlib.crc32(kind + data))
@@ -67,8 +68,9 @@ def _png_of_zeros(side: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
-def _padded(jpeg: bytes, target: int) -> bytes:
-    """``jpeg`` made ``target`` bytes long with COM segments (cheap to decode)."""
+def padded_jpeg(jpeg: bytes, target: int) -> bytes:
+    """``jpeg`` made ``target`` bytes long with comment segments (JPEG COM, ITU T.81
+    B.2.4.5): a maximal message that costs its bytes, not a long decode."""
     pad, left = [], target - len(jpeg)
     while left > 4:
         n = min(65533, left - 4)
@@ -91,8 +93,8 @@ class Soak:
         self.hostile_sent: dict[str, int] = dict.fromkeys(self.kinds, 0)
         self.replies: dict[str, int] = {}  # error codes and close codes hostile clients got
         self.connect_failures = 0
-        self.bomb = _png_of_zeros(6320)
-        self.big = _padded(jpegs[0], 8 * 1024 * 1024 - 4096)
+        self.bomb = png_of_zeros(6320)
+        self.big = padded_jpeg(jpegs[0], 8 * 1024 * 1024 - 4096)
 
     def _count(self, key: str) -> None:
         self.replies[key] = self.replies.get(key, 0) + 1
