@@ -282,6 +282,12 @@ async def test_resume_on_another_node_moves_the_session_there(
         await wait_until(
             lambda: session_in_redis(raw, sid, node="node-b", connected="1"), 5, "node-b holds it"
         )
+
+        async def listed_by_node_b() -> bool:
+            # The record and the node's session set are separate writes: wait for both.
+            return await raw.smembers("ev:node:node-b:sessions") == {sid}
+
+        await wait_until(listed_by_node_b, 5, "node-b's session set lists it")
         assert await raw.smembers("ev:node:node-b:sessions") == {sid}
         assert sid not in await raw.smembers("ev:node:node-a:sessions")
         await moved.ws.close()
