@@ -19,6 +19,8 @@ What it does for you (docs/protocol.md):
   in the binary form or as JSON;
 * **results matched by id**: answers come in the order frames were sent, so a result for a
   later frame settles every earlier one still waiting as dropped (latest-wins);
+  :attr:`EdgeVisionClient.books` counts what became of the frames sent, and ``on_drop``
+  hears of each drop as it is decided;
 * **resume**: after the server's ``closing`` + 1001 (shutdown) or a lost connection, it
   reconnects (to any node behind the balancer) with the session's resume token; frames in
   flight then are dropped (the server counts them so too), later ones go to the new node;
@@ -34,6 +36,7 @@ import contextlib
 import itertools
 import logging
 import math
+import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -83,6 +86,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Wire = Literal["binary", "json"]
 FrameId = int | str
+#: Why a frame went unanswered: ``latest``, a later frame was answered first (the server's
+#: latest-wins dropped it); ``closed``, the connection closed while it was in flight.
+DropCause = Literal["latest", "closed"]
 
 #: Close codes of protocol 2 (edge_vision/close_codes.py) → the exception a client raises;
 #: 1001 and 1008 depend on more than the code (see EdgeVisionClient._classify).
@@ -139,6 +145,28 @@ class Counters:
 
 
 _COUNTERS = frozenset(("received", "answered", "dropped", "rejected"))
+
+
+@dataclass(slots=True)
+class Books:
+    """What became of the frames this client sent, across resumes (docs/client.md, "Books"):
+    sent = answered + dropped + rejected + lost + :attr:`pending`.
+
+    ``dropped``: a later frame was answered first (latest-wins; the server's ``dropped``
+    counts the same frames). ``lost``: in flight when a connection closed (the server counts
+    these as dropped too). ``unmatched``: results for no frame waiting (a server that
+    answered a frame twice)."""
+
+    sent: int = 0
+    answered: int = 0
+    dropped: int = 0
+    rejected: int = 0
+    lost: int = 0
+    unmatched: int = 0
+
+    @property
+    def pending(self) -> int:
+        return self.sent - self.answered - self.dropped - self.rejected - self.lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,9 +260,11 @@ class Result:
     timing: Mapping[str, float]
     dropped: int
     raw: Mapping[str, Any] = field(repr=False)
+    #: ``time.perf_counter()`` when the answer arrived (for latencies; 0 if not received).
+    received_at: float = field(default=0.0, repr=False, compare=False)
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> Result:
+    def from_json(cls, obj: Mapping[str, Any], received_at: float = 0.0) -> Result:
         dets = tuple(
             Detection(
                 box=(
@@ -261,6 +291,7 @@ class Result:
             timing=dict(obj.get("timing") or {}),
             dropped=int(obj.get("dropped", 0)),
             raw=dict(obj),
+            received_at=received_at,
         )
 
 
@@ -297,6 +328,16 @@ def _with_query(url: str, **params: str | None) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
+def _why(e: aiohttp.ClientError) -> str:
+    """A failed TCP connection's reason as the OS says it ("Connection refused"); errno is
+    negative for name-resolution errors (getaddrinfo's own codes), which carry their text."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        errno = e.os_error.errno
+        why = os.strerror(errno) if errno and errno > 0 else e.os_error.strerror
+        return why or str(e.os_error) or type(e.os_error).__name__
+    return str(e) or type(e).__name__
+
+
 def _retry_after(headers: Mapping[str, str] | None) -> float | None:
     """Seconds from a ``Retry-After: <seconds>`` header (RFC 9110 section 10.2.3); None
     for an absent header or an HTTP-date (we then back off on our own)."""
@@ -323,7 +364,9 @@ class EdgeVisionClient:
     ``results_buffer``: answers kept for :meth:`results` until taken (the oldest go first
     when it is full; futures still get theirs). ``resume_token``: resume that session
     (from an earlier hello, e.g. of another process) instead of starting one.
-    ``session``: an aiohttp session to use (default: one of its own).
+    ``session``: an aiohttp session to use (default: one of its own). ``on_drop``: called
+    with a frame's id and :data:`DropCause` as soon as the frame is known unanswered,
+    before its future raises :class:`~edge_vision.errors.FrameDropped`.
     """
 
     def __init__(
@@ -341,6 +384,7 @@ class EdgeVisionClient:
         results_buffer: int = 1024,
         resume_token: str | None = None,
         session: aiohttp.ClientSession | None = None,
+        on_drop: Callable[[FrameId, DropCause], None] | None = None,
     ) -> None:
         if protocol not in SUPPORTED_VERSIONS:
             raise ValueError(
@@ -360,6 +404,9 @@ class EdgeVisionClient:
         self.resumes = 0
         #: How many 503s and refused connections were retried, all connects together.
         self.retries = 0
+        #: What became of the frames sent (answered, dropped, rejected, lost, pending).
+        self.books = Books()
+        self._on_drop = on_drop
         self._own_session = session is None
         self._session = session
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -450,7 +497,7 @@ class EdgeVisionClient:
                 else:
                     raise await self._refusal(url, headers, e.status) from None
             except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
-                error = ServerUnreachable(where, f"cannot reach the server at {where}: {e}")
+                error = ServerUnreachable(where, f"cannot reach the server at {where}: {_why(e)}")
                 wait = None
             except aiohttp.ClientError as e:
                 raise ConnectFailed(where, f"cannot connect to {where}: {e}") from None
@@ -563,6 +610,7 @@ class EdgeVisionClient:
         await self._socket()  # raises the failure if the session is over
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._pending[fid] = future
+        self.books.sent += 1
         await self._send(message)
         return future
 
@@ -678,7 +726,7 @@ class EdgeVisionClient:
         while True:
             msg = await ws.receive()
             if msg.type is aiohttp.WSMsgType.TEXT:
-                self._dispatch(orjson.loads(msg.data))
+                self._dispatch(orjson.loads(msg.data), time.perf_counter())
             elif msg.type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.PING):
                 continue
             else:
@@ -712,16 +760,17 @@ class EdgeVisionClient:
             return ProtocolViolation(code, reason)
         return _CLOSED_BY_CODE.get(code, ConnectionClosed)(code, reason)
 
-    def _dispatch(self, obj: dict[str, Any]) -> None:
+    def _dispatch(self, obj: dict[str, Any], received_at: float) -> None:
         kind = obj.get("type")
         if kind == "result":
-            res = Result.from_json(obj)
+            res = Result.from_json(obj, received_at)
             self._settle_until(res.id, lambda f: f.set_result(res))
             self._answer(res)
         elif kind == "error":
             err = FrameError(obj.get("id"), str(obj.get("code")), str(obj.get("message")))
             if err.id is not None and err.id in self._pending:
                 future = self._pending.pop(err.id)
+                self.books.rejected += 1
                 if not future.done():
                     future.set_exception(FrameRejected(err.id, err.code, err.message))
                     future.exception()  # retrieved: a frame nobody awaits logs nothing
@@ -750,24 +799,39 @@ class EdgeVisionClient:
     ) -> None:
         """Answers come in send order: frames before ``frame_id`` still waiting were dropped."""
         if frame_id not in self._pending:
+            self.books.unmatched += 1
             log.warning("answer for frame %r that is not waiting", frame_id)
             return
         while self._pending:
             fid, future = self._pending.popitem(last=False)
             if fid == frame_id:
+                self.books.answered += 1
                 if not future.done():
                     settle(future)
                 return
-            self._fail_future(future, FrameDropped(fid))
+            self.books.dropped += 1
+            self._dropped(fid, "latest", future, FrameDropped(fid))
 
     def _settle_all(self, closed: ConnectionClosed) -> None:
         """The socket closed: frames in flight were dropped; settings and pings fail."""
         while self._pending:
             fid, future = self._pending.popitem(last=False)
-            self._fail_future(future, FrameDropped(fid, f"the connection closed ({closed.code})"))
+            self.books.lost += 1
+            why = f"the connection closed ({closed.code})"
+            self._dropped(fid, "closed", future, FrameDropped(fid, why))
         for waiting in (self._settings_waiting, self._pings_waiting):
             while waiting:
                 self._fail_future(waiting.popleft(), closed)
+
+    def _dropped(
+        self, fid: FrameId, cause: DropCause, future: asyncio.Future[Result], exc: FrameDropped
+    ) -> None:
+        if self._on_drop is not None:
+            try:
+                self._on_drop(fid, cause)
+            except Exception:  # the caller's bug must not stop the matching of answers
+                log.exception("on_drop for frame %r failed", fid)
+        self._fail_future(future, exc)
 
     @staticmethod
     def _fail_future(future: asyncio.Future[Any], exc: BaseException) -> None:

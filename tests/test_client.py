@@ -80,7 +80,12 @@ async def test_hello_settings_and_frames_as_bytes_json_and_numpy(server: Running
 async def test_results_match_by_id_in_order_and_drops_are_typed(server: RunningServer) -> None:
     """Latest-wins: 12 frames at once; the last is answered, each other one is answered or
     its future raises FrameDropped; results() yields the answers in order."""
-    async with camera_client(server.ws_url, mode="latest") as client:
+    heard: list[tuple[object, str]] = []
+
+    def on_drop(fid: object, cause: str) -> None:
+        heard.append((fid, cause))
+
+    async with camera_client(server.ws_url, mode="latest", on_drop=on_drop) as client:
         futures = [await client.send(JPG, frame_id=i) for i in range(12)]
         outcomes: list[str] = []
         for i, fut in enumerate(futures):
@@ -102,6 +107,11 @@ async def test_results_match_by_id_in_order_and_drops_are_typed(server: RunningS
     answered_ids = [i for i, o in enumerate(outcomes) if o == "answered"]
     assert [a.id for a in answers] == answered_ids  # in send order, nothing else
     assert last.dropped == outcomes.count("dropped")  # the server's books agree with ours
+    dropped_ids = [i for i, o in enumerate(outcomes) if o == "dropped"]
+    assert heard == [(i, "latest") for i in dropped_ids]  # told before the futures raised
+    books = client.books
+    assert (books.sent, books.answered, books.dropped) == (12, len(answered_ids), len(dropped_ids))
+    assert books.rejected == books.lost == books.unmatched == books.pending == 0
 
 
 async def test_a_bad_frame_is_a_typed_rejection_and_the_session_lives_on(
@@ -117,6 +127,7 @@ async def test_a_bad_frame_is_a_typed_rejection_and_the_session_lives_on(
         with pytest.raises(errors.FrameRejected) as bad_settings:
             await client.settings(confidence=2.0)
         assert bad_settings.value.code == "bad_settings"
+        assert (client.books.sent, client.books.answered, client.books.rejected) == (2, 1, 1)
 
 
 async def test_a_protocol_1_client_still_streams(server: RunningServer) -> None:
@@ -286,7 +297,12 @@ async def test_a_newer_connection_resuming_the_session_is_session_superseded(
 
 async def test_a_message_over_the_limit_is_message_too_big(server_factory: Any) -> None:
     srv = await server_factory({"server": {"max_message_bytes": 4096}})
-    async with camera_client(srv.ws_url, resume=False) as client:
+    heard: list[tuple[object, str]] = []
+
+    def on_drop(fid: object, cause: str) -> None:
+        heard.append((fid, cause))
+
+    async with camera_client(srv.ws_url, resume=False, on_drop=on_drop) as client:
         assert client.hello.limits.max_message_bytes == 4096
         pending = await client.send(JPG)  # ~30 kB
         with pytest.raises(errors.MessageTooBig) as info:
@@ -294,6 +310,8 @@ async def test_a_message_over_the_limit_is_message_too_big(server_factory: Any) 
         assert info.value.code == 1009
         with pytest.raises(errors.FrameDropped):
             await pending
+        assert heard == [(0, "closed")]  # in flight when the connection closed
+        assert (client.books.sent, client.books.lost, client.books.dropped) == (1, 1, 0)
 
 
 async def test_closing_the_client_ends_results_and_the_session(server: RunningServer) -> None:

@@ -27,7 +27,7 @@ from aiohttp import web
 from edge_vision import cli, replay
 from edge_vision.config import ModelConfig
 from edge_vision.models import load_model_spec
-from edge_vision.replay import InOrder, ReplyMatcher, websocket_url
+from edge_vision.replay import InOrder, websocket_url
 from edge_vision.sources import Cut, FrameCutter, expected_frames
 
 from .support.assertions import iou
@@ -442,8 +442,11 @@ def test_an_unreachable_server_is_reported(
     capsys: pytest.CaptureFixture[str], clip: TextClip
 ) -> None:
     url = f"ws://127.0.0.1:{free_port()}/ws"
-    err = replay_error(capsys, str(clip.path), "--url", url)
+    started = time.monotonic()
+    # A refused connection is retried for --timeout (a server may be starting), then named.
+    err = replay_error(capsys, str(clip.path), "--url", url, "--timeout", "1")
     assert "cannot reach the server" in err and "refused" in err.lower()
+    assert time.monotonic() - started < T(20)
 
 
 # -- a token checked by the proxy in front (nginx) ---------------------------------------------
@@ -493,15 +496,6 @@ def test_in_order_releases_frames_without_gaps() -> None:
     assert order.add(2, "c") == [(2, "c"), (3, "d")]
     with pytest.raises(RuntimeError):
         order.add(2, "again")
-
-
-def test_reply_matcher_settles_frames_skipped_by_latest_wins() -> None:
-    m = ReplyMatcher()
-    for seq, fid in enumerate((10, 11, 12, 13)):
-        m.sent(fid, seq)
-    assert m.result(12) == ([0, 1], 2)  # 10 and 11 were dropped by the server
-    assert m.result(12) == ([], None)  # a second answer is a duplicate
-    assert m.error(13) == 3 and len(m) == 0
 
 
 def test_cutting_keeps_the_frames_asked_for() -> None:
