@@ -92,7 +92,10 @@ async def test_a_camera_against_a_server_that_stops_reading_reports_the_stall() 
             b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             + f"Sec-WebSocket-Accept: {accept}\r\n\r\n".encode()
         )
-        hello = b'{"type":"hello"}'
+        hello = json.dumps(  # a hello with the fields the protocol requires
+            {"type": "hello", "session_id": "s", "resume_token": "r",
+             "settings": {"mode": "latest", "confidence": 0.5}}
+        ).encode()  # fmt: skip
         writer.write(bytes([0x81, len(hello)]) + hello)  # one unmasked text frame
         await writer.drain()
         await stop.wait()  # and never read again

@@ -14,16 +14,18 @@ import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
-from .support.clients import connect, frame_binary, recv, recv_type
+from edge_vision.client import EdgeVisionClient
+
+from .support.clients import camera_client
 from .support.cluster import (
     LIGHT_NODE,
     REPO,
@@ -70,61 +72,19 @@ async def cluster(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[Cl
             await asyncio.to_thread(node.stop)
 
 
-class Camera:
-    """A client through nginx that reconnects and resumes, as a real client would."""
-
-    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
-        self.http = http
-        self.url = url
-        self.ws: aiohttp.ClientWebSocketResponse | None = None
-        self.hello: dict[str, Any] = {}
-        self.answered = 0
-        self.confidence: float | None = None
-
-    async def connect(self, resume: str | None = None) -> dict[str, Any]:
-        params = {"resume": resume} if resume else {}
-        self.ws, self.hello = await connect(self.http, self.url, params=params)
-        return self.hello
-
-    async def frame(self, frame_id: int) -> dict[str, Any]:
-        assert self.ws is not None
-        await self.ws.send_bytes(frame_binary(frame_id, time.time() * 1000, JPG))
-        res = await recv_type(self.ws, "result")
-        self.answered += 1
-        return res
-
-    async def settings(self, confidence: float) -> None:
-        assert self.ws is not None
-        await self.ws.send_str(
-            orjson.dumps({"type": "settings", "confidence": confidence}).decode()
-        )
-        await recv_type(self.ws, "settings")
-        self.confidence = confidence
-
-    async def wait_closed(self, timeout: float) -> None:
-        """Until the socket is gone (the node died; nginx closed its side)."""
-        assert self.ws is not None
-        msg = await self.ws.receive(timeout=T(timeout))
-        assert msg.type in (
-            aiohttp.WSMsgType.CLOSE,
-            aiohttp.WSMsgType.CLOSED,
-            aiohttp.WSMsgType.ERROR,
-        ), msg
-
-
 async def test_clients_spread_over_both_nodes_and_each_node_lists_them_all(
     cluster: Cluster,
 ) -> None:
-    async with aiohttp.ClientSession() as http:
-        cams = [Camera(http, cluster.nginx.ws_url) for _ in range(4)]
+    async with aiohttp.ClientSession() as http, AsyncExitStack() as stack:
+        cams = [camera_client(cluster.nginx.ws_url, session=http) for _ in range(4)]
         for cam in cams:
-            await cam.connect()
-        placed = {cam.hello["session_id"]: cam.hello["node"] for cam in cams}
+            await stack.enter_async_context(cam)
+        placed = {cam.hello.session_id: cam.hello.node for cam in cams}
         # least_conn in deploy/nginx: two on each.
         assert sorted(placed.values()) == ["node-a", "node-a", "node-b", "node-b"]
         for i, cam in enumerate(cams):
-            res = await cam.frame(i)
-            assert res["id"] == i and (res["width"], res["height"]) == (320, 240)
+            res = await cam.detect(JPG, frame_id=i)
+            assert res.id == i and (res.width, res.height) == (320, 240)
 
         async def listed(url: str) -> list[dict[str, Any]] | None:
             body = await get_json(http, url + "/api/sessions")
@@ -139,64 +99,70 @@ async def test_clients_spread_over_both_nodes_and_each_node_lists_them_all(
         assert [n["id"] for n in nodes] == list(NODES)
         ready = await get_json(http, cluster.nginx.url + "/readyz")
         assert ready["ready"] is True and ready["state"]["store"] == "redis"
-        for cam in cams:
-            assert cam.ws is not None
-            await cam.ws.close()
 
 
 async def test_killing_a_node_sends_its_clients_to_the_other_through_resume(
     cluster: Cluster, record_property: Callable[[str, object], None]
 ) -> None:
-    async with raw_client(cluster.redis.url) as raw, aiohttp.ClientSession() as http:
-        cams = [Camera(http, cluster.nginx.ws_url) for _ in range(4)]
+    """The product's client resumes by itself when its node dies (the connection ends
+    without a close frame): through nginx, on the other node, with its settings and books."""
+    async with (
+        raw_client(cluster.redis.url) as raw,
+        aiohttp.ClientSession() as http,
+        AsyncExitStack() as stack,
+    ):
+        cams = [camera_client(cluster.nginx.ws_url, session=http) for _ in range(4)]
+        confidence = {}
         for i, cam in enumerate(cams):
-            await cam.connect()
-            await cam.settings(confidence=0.2 + 0.1 * i)
+            await stack.enter_async_context(cam)
+            confidence[cam] = (await cam.settings(confidence=0.2 + 0.1 * i)).confidence
             for k in range(i + 1):
-                await cam.frame(k)
+                await cam.detect(JPG, frame_id=k)
 
         async def flushed() -> bool:
             for cam in cams:
-                rec = await raw.hgetall(f"ev:session:{cam.hello['session_id']}")
-                if rec.get("answered") != str(cam.answered):
+                rec = await raw.hgetall(f"ev:session:{cam.hello.session_id}")
+                if rec.get("answered") != str(cam.books.answered):
                     return False
             return True
 
         await wait_until(flushed, 10, "every session's counters in Redis")
-        victims = [c for c in cams if c.hello["node"] == "node-a"]
-        survivors = [c for c in cams if c.hello["node"] == "node-b"]
+        victims = [c for c in cams if c.hello.node == "node-a"]
+        survivors = [c for c in cams if c.hello.node == "node-b"]
         assert len(victims) == 2 and len(survivors) == 2
+        before = {cam: cam.hello for cam in victims}
 
         cluster.nodes["node-a"].signal(signal.SIGKILL)
         killed = time.monotonic()
         for cam in victims:
-            await cam.wait_closed(10)
-            before = cam.hello
-            after = await cam.connect(resume=before["resume_token"])
-            assert after["resumed"] is True and after["node"] == "node-b"
-            assert after["session_id"] == before["session_id"]
-            assert after["settings"]["confidence"] == cam.confidence
-            assert after["counters"]["answered"] == cam.answered
-            res = await cam.frame(100)
-            assert res["id"] == 100
+
+            async def resumed(cam: EdgeVisionClient = cam) -> bool:
+                return cam.resumes == 1
+
+            await wait_until(resumed, 20, "the client to resume on node-b")
+            after = cam.hello
+            assert after.resumed is True and after.node == "node-b"
+            assert after.session_id == before[cam].session_id
+            assert after.settings.confidence == confidence[cam]
+            assert after.counters.answered == cam.books.answered
+            res = await cam.detect(JPG, frame_id=100)
+            assert res.id == 100
         record_property("sigkill_to_clients_resumed_s", round(time.monotonic() - killed, 3))
         print(f"\nCONVERGENCE sigkill_to_clients_resumed_s = {time.monotonic() - killed:.2f} s")
         for cam in survivors:  # the other node's clients never noticed
-            assert (await cam.frame(200))["id"] == 200
+            assert (await cam.detect(JPG, frame_id=200)).id == 200
+            assert cam.resumes == 0
 
         async def all_on_b() -> bool:
             body = await get_json(http, cluster.nodes["node-b"].url + "/api/sessions")
             live = {s["id"]: s["node"] for s in body["sessions"] if s["connected"]}
-            return live == {c.hello["session_id"]: "node-b" for c in cams}
+            return live == {c.hello.session_id: "node-b" for c in cams}
 
         await wait_until(all_on_b, 10, "every session on node-b")
         await wait_until(lambda: key_gone(raw, "ev:node:node-a"), 10, "node-a's key to expire")
         record_property("sigkill_to_node_gone_s", round(time.monotonic() - killed, 3))
         nodes = (await get_json(http, cluster.nginx.url + "/api/nodes"))["nodes"]
         assert [n["id"] for n in nodes] == ["node-b"]
-        for cam in cams:
-            assert cam.ws is not None
-            await cam.ws.close()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -242,10 +208,8 @@ async def test_run_cluster_script_serves_through_nginx_and_ctrl_c_stops_everythi
 
             body, _ = await wait_until(ready, 120, "the cluster behind nginx")
             assert sorted(n["id"] for n in body["nodes"]) == ["node-1", "node-2"]
-            ws, _ = await connect(http, base.replace("http", "ws") + "/ws")
-            await ws.send_bytes(frame_binary(1, 1.0, JPG))
-            assert (await recv(ws))["type"] == "result"
-            await ws.close()
+            async with camera_client(base.replace("http", "ws") + "/ws", session=http) as cam:
+                assert (await cam.detect(JPG, frame_id=1)).id == 1
 
         names = ("redis", "node-1", "node-2", "nginx")
         pids = {

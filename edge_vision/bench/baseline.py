@@ -65,7 +65,17 @@ async def serve(port: int, model_path: str | None, threads: int) -> None:
     infer = _build(model_path, threads)
 
     async def handler(ws: Any) -> None:
-        await ws.send(json.dumps({"type": "hello", "protocol": 1, "model": "baseline"}))
+        # The fields a protocol 1 hello must have (docs/protocol.md), so the product's
+        # client (bench.load's cameras) speaks to it; it answers every frame in order.
+        hello = {
+            "type": "hello",
+            "protocol": 1,
+            "model": "baseline",
+            "session_id": "baseline",
+            "resume_token": "",
+            "settings": {"mode": "every", "confidence": 0.5, "classes": None},
+        }
+        await ws.send(json.dumps(hello))
         async for message in ws:
             if isinstance(message, bytes):
                 (n,) = struct.unpack_from(">I", message)

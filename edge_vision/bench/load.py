@@ -5,8 +5,10 @@ Cameras run in processes of their own (``multiprocessing`` spawn) so the load ge
 never steals the server's event loop: one camera a process by default, or several
 (``cameras_per_process``: one event loop drives them all), so 64+ cameras do not need 64+
 processes beside the server. A camera sends frame ``i`` at ``t0 + i / fps`` whether or
-not earlier frames were answered (a camera does not wait), matches results to frames by
-``id``, and reports every latency plus the server's per-stage timings.
+not earlier frames were answered (a camera does not wait); the product's client
+(edge_vision.client) matches results to frames by ``id`` and keeps the books (answered,
+dropped by latest-wins, rejected), and each camera reports every latency plus the
+server's per-stage timings.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import queue
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +44,10 @@ class CameraResult:
     index: int
     sent: int = 0
     answered: int = 0
-    errors: int = 0
-    dropped: int = 0  # as reported by the server (cumulative) in the last result
-    unanswered: int = 0
-    duplicates: int = 0
+    errors: int = 0  # rejected: answered with an error
+    dropped: int = 0  # a later frame was answered first (latest-wins; the server's count)
+    unanswered: int = 0  # sent, never answered or dropped (lost, or still in flight)
+    duplicates: int = 0  # results for no frame waiting
     latencies_ms: list[float] = field(default_factory=list)
     sent_at_s: list[float] = field(default_factory=list)  # per answered frame, from start
     server_timing: list[dict[str, float]] = field(default_factory=list)
@@ -55,35 +58,44 @@ class CameraResult:
 
 
 async def run_camera(plan: CameraPlan, progress: Any) -> CameraResult:
-    """One simulated camera, start to end, in this process's loop."""
-    import base64
-
+    """One simulated camera, start to end, in this process's loop, through the product's
+    client (edge_vision.client): its books say what became of each frame."""
     import aiohttp
-    import orjson
 
-    from ..receive import encode_binary_frame, encode_json_frame
+    from ..client import EdgeVisionClient, Result
+    from ..errors import ConnectFailed, ConnectionClosed
 
     res = CameraResult(plan.index)
-    sent_at: dict[int, float] = {}
-    seen: set[int] = set()
-    sep = "&" if "?" in plan.url else "?"
-    url = f"{plan.url}{sep}mode={plan.mode}"
+    wire: Any = plan.wire
+    mode: Any = plan.mode
+    futures: list[asyncio.Future[Result]] = []
+    # Its own aiohttp session, closed here: a server that stopped reading cannot hold it.
     async with aiohttp.ClientSession() as session:
+        # No retries and no resume: a camera that cannot connect, or loses its server,
+        # is reported as such, not hidden in a later run.
+        client = EdgeVisionClient(
+            plan.url, mode=mode, wire=wire, retry_s=0.0, resume=False, session=session
+        )
         try:
-            ws = await session.ws_connect(url, max_msg_size=0, heartbeat=None)
-        except (aiohttp.ClientError, OSError) as e:
+            await client.connect()
+        except (ConnectFailed, ConnectionClosed) as e:
             res.connect_error = str(e)
             return res
-        first = await ws.receive(timeout=30)
-        if first.type is not aiohttp.WSMsgType.TEXT:
-            res.connect_error = f"no hello: {first.type}"
-            return res
-        b64 = [base64.b64encode(j).decode() for j in plan.jpegs] if plan.wire == "json" else []
         delay = plan.start_at - time.time()
         if delay > 0:
             await asyncio.sleep(delay)
         t0 = time.perf_counter()
-        done_sending = asyncio.Event()
+
+        def answered(sent_at: float, future: asyncio.Future[Result]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return  # dropped, rejected or lost: the client's books count it
+            result = future.result()
+            res.latencies_ms.append((result.received_at - sent_at) * 1000.0)
+            res.sent_at_s.append(sent_at - t0)
+            res.server_timing.append(dict(result.timing))
+            if progress is not None:
+                with progress.get_lock():
+                    progress.value += 1
 
         async def sender() -> None:
             n = int(plan.duration_s * plan.fps) if plan.fps > 0 else 0
@@ -94,62 +106,31 @@ async def run_camera(plan: CameraPlan, progress: Any) -> CameraResult:
                     wait = target - time.perf_counter()
                     if wait > 0:
                         await asyncio.sleep(wait)
-                k = i % len(plan.jpegs)
                 now = time.perf_counter()
-                sent_at[i] = now
-                if plan.wire == "json":
-                    await ws.send_str(encode_json_frame(i, now, b64[k]))
-                else:
-                    await ws.send_bytes(encode_binary_frame(i, now, plan.jpegs[k]))
+                try:
+                    future = await client.send(plan.jpegs[i % len(plan.jpegs)], frame_id=i, ts=now)
+                except ConnectionClosed:
+                    return  # the server went away; what was sent is in the books
+                future.add_done_callback(partial(answered, now))
+                futures.append(future)
                 res.sent += 1
                 i += 1
-            done_sending.set()
 
-        async def receiver() -> None:
-            while True:
-                msg = await ws.receive()
-                if msg.type is not aiohttp.WSMsgType.TEXT:
-                    return
-                now = time.perf_counter()
-                obj = orjson.loads(msg.data)
-                kind = obj.get("type")
-                if kind == "result":
-                    fid = int(obj["id"])
-                    if fid in seen:
-                        res.duplicates += 1
-                        continue
-                    seen.add(fid)
-                    res.answered += 1
-                    res.dropped = int(obj.get("dropped", 0))
-                    res.latencies_ms.append((now - sent_at[fid]) * 1000.0)
-                    res.sent_at_s.append(sent_at[fid] - t0)
-                    res.server_timing.append(obj.get("timing", {}))
-                    if progress is not None:
-                        with progress.get_lock():
-                            progress.value += 1
-                elif kind == "error":
-                    res.errors += 1
-                    if "id" in obj:
-                        seen.add(int(obj["id"]))
-                if done_sending.is_set() and len(seen) + res.dropped >= res.sent:
-                    return
-
-        recv_task = asyncio.create_task(receiver())
         send_task = asyncio.create_task(sender())
         try:
             await with_timeout(asyncio.shield(send_task), plan.duration_s + plan.drain_s)
         except TimeoutError:  # frames not written by then are not counted as sent
             await cancel_and_wait(send_task)
             res.send_stalled = True
-            done_sending.set()
+        if futures:
+            await asyncio.wait(futures, timeout=plan.drain_s)
         try:
-            await with_timeout(asyncio.shield(recv_task), plan.drain_s)
-        except TimeoutError:
-            await cancel_and_wait(recv_task)
-        try:
-            await with_timeout(ws.close(), 5.0)
+            await with_timeout(client.close(), 5.0)
         except TimeoutError:
             pass
+    books = client.books
+    res.answered, res.errors, res.dropped = books.answered, books.rejected, books.dropped
+    res.duplicates = books.unmatched
     res.unanswered = max(0, res.sent - res.answered - res.errors - res.dropped)
     return res
 
