@@ -5,6 +5,11 @@ its shape; a bucket that reaches ``max_batch`` goes at once; frames of another s
 wait for a batch they cannot join. When the engine is busy, frames simply accumulate, so
 under load batches fill by themselves and the window costs nothing.
 
+Fairness: when more frames wait than one batch takes, the frames of the session
+(``owner``) served least recently go first, oldest first among equals. A latest-wins
+connection that floods always has one decoded frame waiting; first come, first served,
+a polite camera's frame would wait for the frame in the engine *and* that one.
+
 :class:`Batcher` is the asyncio shell: it dispatches ready batches while fewer than
 ``max_in_flight`` are running, and sleeps until the next window deadline otherwise.
 """
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -35,34 +40,56 @@ class ReadyBatch(Generic[T]):
 class _Entry(Generic[T]):
     """A queued frame; mutable so a newer frame of the same key can take its place."""
 
-    __slots__ = ("item", "key", "shape", "t")
+    __slots__ = ("item", "key", "owner", "shape", "t")
 
-    def __init__(self, t: float, item: T, key: Hashable | None, shape: Shape) -> None:
-        self.t, self.item, self.key, self.shape = t, item, key, shape
+    def __init__(
+        self, t: float, item: T, key: Hashable | None, owner: Hashable | None, shape: Shape
+    ) -> None:
+        self.t, self.item, self.key, self.owner, self.shape = t, item, key, owner, shape
+
+
+# Owners whose last turn is remembered. Forgetting the least recently served one is
+# harmless: an owner not remembered ranks as served longest ago, which it was.
+_REMEMBERED_OWNERS = 4096
 
 
 class BatchPlanner(Generic[T]):
-    """Per-shape FIFO buckets; ``pop_ready`` returns the batch that should run next.
+    """Per-shape buckets; ``pop_ready`` returns the batch that should run next.
 
     An item added with a ``key`` (a latest-wins connection) replaces that key's item still
     waiting here, keeping its place in the queue: the engine then runs the connection's
     newest frame, not the one that happened to arrive first. The replaced item is
-    returned so its owner can count it as dropped."""
+    returned so its owner can count it as dropped.
+
+    An item's ``owner`` (its session; the ``key`` when not given) sets its turn: items of
+    the owner served least recently go first (see the module docstring)."""
 
     def __init__(self, max_batch: int, window_s: float) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.max_batch = max_batch
         self.window_s = max(0.0, window_s)
-        self._buckets: OrderedDict[Shape, deque[_Entry[T]]] = OrderedDict()
+        self._buckets: OrderedDict[Shape, list[_Entry[T]]] = OrderedDict()
         self._keyed: dict[Hashable, _Entry[T]] = {}
         self._count = 0
+        # owner -> number of the batch that last served it, least recently served first
+        self._served: OrderedDict[Hashable, int] = OrderedDict()
+        self._batches = 0
 
     def __len__(self) -> int:
         return self._count
 
-    def add(self, shape: Shape, item: T, now: float, key: Hashable | None = None) -> T | None:
+    def add(
+        self,
+        shape: Shape,
+        item: T,
+        now: float,
+        key: Hashable | None = None,
+        *,
+        owner: Hashable | None = None,
+    ) -> T | None:
         """Queue ``item``; returns the item of the same ``key`` it replaced, if any."""
+        owner = key if owner is None else owner
         if key is not None:
             entry = self._keyed.get(key)
             if entry is not None:
@@ -74,13 +101,13 @@ class BatchPlanner(Generic[T]):
                 if not self._buckets[entry.shape]:
                     del self._buckets[entry.shape]
                 self._count -= 1
-                self._push(_Entry(entry.t, item, key, shape))
+                self._push(_Entry(entry.t, item, key, owner, shape))
                 return old
-        self._push(_Entry(now, item, key, shape))
+        self._push(_Entry(now, item, key, owner, shape))
         return None
 
     def _push(self, entry: _Entry[T]) -> None:
-        self._buckets.setdefault(entry.shape, deque()).append(entry)
+        self._buckets.setdefault(entry.shape, []).append(entry)
         if entry.key is not None:
             self._keyed[entry.key] = entry
         self._count += 1
@@ -89,28 +116,48 @@ class BatchPlanner(Generic[T]):
         """When the earliest bucket becomes ready (a full bucket is ready now)."""
         deadline: float | None = None
         for bucket in self._buckets.values():
-            t = -float("inf") if len(bucket) >= self.max_batch else bucket[0].t + self.window_s
+            if len(bucket) >= self.max_batch:
+                t = -float("inf")
+            else:
+                t = min(e.t for e in bucket) + self.window_s
             deadline = t if deadline is None else min(deadline, t)
         return deadline
 
+    def _turn(self, entry: _Entry[T]) -> tuple[int, float]:
+        """Lower goes first: the owner's last batch (-1: none remembered), then age."""
+        last = -1 if entry.owner is None else self._served.get(entry.owner, -1)
+        return last, entry.t
+
     def pop_ready(self, now: float) -> ReadyBatch[T] | None:
-        """The ready bucket holding the oldest frame, up to ``max_batch`` of it, or None."""
+        """Of the ready buckets, the one holding the frame whose turn comes first; up to
+        ``max_batch`` of its frames, in turn order; None when no bucket is ready."""
         best: Shape | None = None
-        best_age = float("inf")
+        best_turn: tuple[int, float] | None = None
         for shape, bucket in self._buckets.items():
-            oldest = bucket[0].t
-            ready = len(bucket) >= self.max_batch or oldest + self.window_s <= now
-            if ready and oldest < best_age:
-                best, best_age = shape, oldest
+            ready = len(bucket) >= self.max_batch or min(e.t for e in bucket) + self.window_s <= now
+            if not ready:
+                continue
+            turn = min(self._turn(e) for e in bucket)
+            if best_turn is None or turn < best_turn:
+                best, best_turn = shape, turn
         if best is None:
             return None
         bucket = self._buckets[best]
-        taken = [bucket.popleft() for _ in range(min(self.max_batch, len(bucket)))]
-        if not bucket:
+        taken = sorted(bucket, key=self._turn)[: self.max_batch]
+        if len(taken) == len(bucket):
             del self._buckets[best]
+        else:
+            chosen = {id(e) for e in taken}
+            bucket[:] = [e for e in bucket if id(e) not in chosen]
         for e in taken:
             if e.key is not None:
                 self._keyed.pop(e.key, None)
+            if e.owner is not None:
+                self._served[e.owner] = self._batches
+                self._served.move_to_end(e.owner)
+        while len(self._served) > _REMEMBERED_OWNERS:
+            self._served.popitem(last=False)
+        self._batches += 1
         self._count -= len(taken)
         return ReadyBatch(best, [e.item for e in taken], [e.t for e in taken], now)
 
@@ -147,9 +194,16 @@ class Batcher(Generic[T]):
     def in_flight(self) -> int:
         return self._in_flight
 
-    def submit(self, shape: Shape, item: T, key: Hashable | None = None) -> T | None:
+    def submit(
+        self,
+        shape: Shape,
+        item: T,
+        key: Hashable | None = None,
+        *,
+        owner: Hashable | None = None,
+    ) -> T | None:
         """Queue ``item``; returns the waiting item of the same ``key`` it replaced."""
-        replaced = self.planner.add(shape, item, self._clock(), key)
+        replaced = self.planner.add(shape, item, self._clock(), key, owner=owner)
         self._wake.set()
         return replaced
 

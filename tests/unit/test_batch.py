@@ -91,3 +91,36 @@ def test_a_newer_frame_of_another_size_is_requeued_in_its_own_bucket() -> None:
     assert len(p) == 1
     batch = p.pop_ready(1.0)
     assert batch is not None and batch.shape == B and batch.items == ["big"]
+
+
+def test_a_polite_sessions_frame_goes_in_the_next_batch_beside_a_flooding_session() -> None:
+    """One latest-wins session always has a frame waiting (it floods); the other sends a
+    frame now and then. First come, first served, the polite frame would wait behind the
+    flooder's older waiting frame; served least recently first, it goes next."""
+    p: BatchPlanner[str] = BatchPlanner(max_batch=1, window_s=0.0)
+    t = 0.0
+    served: list[str] = []
+    for i in range(12):
+        t += 1.0
+        p.add(A, f"flood{i}", t, key="flooder")  # replaces its waiting frame, keeps its place
+        if i % 3 == 1:
+            p.add(A, f"polite{i}", t + 0.5, key="polite")
+        batch = p.pop_ready(t + 0.9)
+        assert batch is not None
+        served += batch.items
+    for i in range(1, 12, 3):
+        assert served[i] == f"polite{i}"  # in the batch right after it arrived
+        assert served[i + 1] == f"flood{i + 1}"  # then the flooder's newest frame
+    assert sum(s.startswith("flood") for s in served) == 8  # the flooder is never starved
+
+
+def test_every_session_gets_a_turn_before_one_gets_a_second() -> None:
+    p: BatchPlanner[str] = BatchPlanner(max_batch=2, window_s=0.0)
+    for i in range(3):
+        p.add(A, f"a{i}", 0.0 + i, owner="a")  # in-order frames of one session: no key
+    p.add(A, "b0", 5.0, owner="b")
+    p.add(A, "c0", 6.0, owner="c")
+    first, second, third = (p.pop_ready(10.0) for _ in range(3))
+    assert first is not None and first.items == ["a0", "a1"]  # nobody served yet: oldest
+    assert second is not None and second.items == ["b0", "c0"]  # a was just served
+    assert third is not None and third.items == ["a2"]
