@@ -7,7 +7,6 @@
     │   ├── EngineUnavailable  no engine can serve right now (GPU lost, Triton down, no fallback)
     │   └── EngineMismatch     the engine serves another model than the configured one (Triton's
     │                          model metadata differs from the ONNX model): stops start-up
-    ├── FrameSuperseded        a newer frame of the same session took this one's place
     ├── StateUnavailable       the state store (Redis) cannot be reached; frames keep flowing
     ├── UnsupportedProtocol    a client asked for a protocol version this node does not serve
     │                          (HTTP 400 before the upgrade; edge_vision/versions.py)
@@ -90,11 +89,6 @@ class EngineMismatch(EngineError):
     A configuration error, not an outage: start-up stops even when a fallback engine is
     configured, because serving on the fallback would hide it.
     """
-
-
-class FrameSuperseded(EdgeVisionError):
-    """A newer frame of the same latest-wins session took this frame's place before it
-    reached the engine; the frame is counted as dropped, not answered."""
 
 
 class StateUnavailable(EdgeVisionError):

@@ -1,9 +1,23 @@
 """One frame's path from admitted message to detections: decode → shape → infer → post.
 
 :class:`FramePipeline` is shared by the WebSocket server, in-process replay and the
-benchmark. CPU-bound steps run in a worker pool (``decode.workers`` threads; OpenCV,
-libjpeg-turbo and numpy release the GIL), the engine behind the batcher, and the event
-loop only awaits.
+benchmark. A frame goes through two steps, which the session runner
+(edge_vision.session_runner) calls in turn, telling the session core in between that the
+frame no longer needs its decode turn:
+
+* :meth:`FramePipeline.prepare`: header read, pixel and decoded-size limits, decode and
+  letterbox, on the host or batched on the GPU (edge_vision.decode_batch) → a
+  :class:`~edge_vision.decode_batch.Prepared` canvas, which the caller owns;
+* :meth:`FramePipeline.finish`: the engine (through the batcher), the head, and reading
+  when the session reads → a :class:`FrameResult`, or
+  :data:`~edge_vision.infer.SUPERSEDED` when a newer
+  frame of the session took its place before the engine ran it. It gives the canvas back
+  on every path; a prepared frame that never reaches it goes back with
+  :meth:`FramePipeline.release`.
+
+:meth:`FramePipeline.process` is both steps in one call, for callers without a session.
+CPU-bound steps run in a worker pool (``decode.workers`` threads; OpenCV, libjpeg-turbo
+and numpy release the GIL), the engine behind the batcher, and the event loop only awaits.
 """
 
 from __future__ import annotations
@@ -33,11 +47,16 @@ from .decode import (
     pick_decoder,
     read_image_header,
 )
-from .decode_batch import DecodeBatcher, DecodeRequest, HostBatchDecoder, make_device_decoder
-from .decode_batch import Prepared as _Prepared
+from .decode_batch import (
+    DecodeBatcher,
+    DecodeRequest,
+    HostBatchDecoder,
+    Prepared,
+    make_device_decoder,
+)
 from .engines import Engine
 from .errors import ClientError
-from .infer import BatchInfo, InferenceService
+from .infer import BatchInfo, InferenceService, Superseded
 from .memory import keep_pool_trimmed
 from .post import DbnetHead, Head, filter_classes
 from .read import ReadStage, SessionReading
@@ -73,6 +92,8 @@ class FramePipeline:
         self.budget = MemoryBudget(config.server.memory_budget_bytes // config.server.workers)
         self.pool = pool or BufferPool(budget=self.budget)
         self._housekeeping: asyncio.Task[None] | None = None
+        # Decodes whose caller was cancelled: their canvases go back when they finish.
+        self._abandoned: set[asyncio.Future[Prepared]] = set()
         self._own_executor = executor is None
         self.executor = executor or ThreadPoolExecutor(
             worker_count(config.decode.workers), thread_name_prefix="frame"
@@ -127,15 +148,13 @@ class FramePipeline:
     async def close(self) -> None:
         if self._housekeeping is not None:
             await cancel_and_wait(self._housekeeping)
+        if self._abandoned:
+            await asyncio.gather(*self._abandoned, return_exceptions=True)
         await self.reading.close()
         if self._own_executor:
             await asyncio.to_thread(self.executor.shutdown, True)
 
     # -- stages run in the worker pool ------------------------------------------------
-
-    def prepare(self, frame: FrameMessage) -> _Prepared:
-        """Decode and letterbox one frame on the host (worker thread)."""
-        return self.decode_request(self.request_for(frame))
 
     def request_for(self, frame: FrameMessage, input_size: int | None = None) -> DecodeRequest:
         """The header read and the pixel limit checked, on the host, before any decode.
@@ -154,7 +173,7 @@ class FramePipeline:
         check_decoded_limit(header, min_size, self.config.server.max_decoded_bytes)
         return DecodeRequest(data, header, lb, t0)
 
-    def decode_request(self, request: DecodeRequest) -> _Prepared:
+    def decode_request(self, request: DecodeRequest) -> Prepared:
         """The host decode and letterbox of one frame (worker thread)."""
         data, header, lb, t0 = request.data, request.header, request.letterbox, request.started
         spec = self.service.spec
@@ -185,7 +204,7 @@ class FramePipeline:
                     self.pool.release(decoded.pixels)
         finally:
             self.budget.release(charged, "decode")
-        return _Prepared(canvas, lb, t1 - t0, time.perf_counter() - t1)
+        return Prepared(canvas, lb, t1 - t0, time.perf_counter() - t1)
 
     def full_frame(self, frame: FrameMessage) -> tuple[U8Array, Callable[[], None]]:
         """The frame decoded at its full size on the host, and how to give it back (read
@@ -217,57 +236,81 @@ class FramePipeline:
 
     # -- the async path ---------------------------------------------------------------
 
-    async def process(
-        self,
-        frame: FrameMessage,
-        settings: FrameSettings,
-        taken_at: float | None = None,
-        *,
-        supersede_key: Hashable | None = None,
-        on_prepared: Callable[[], None] | None = None,
-        reading: SessionReading | None = None,
-    ) -> FrameResult:
-        """Serve one admitted frame. Raises ClientError for bad input, EngineError when no
-        engine can serve, FrameSuperseded when a newer frame of ``supersede_key`` took its
-        place before inference. ``on_prepared`` is called once decoding is over.
-        ``reading``: the session's reading state when it reads text (read.py)."""
+    async def prepare(self, frame: FrameMessage, settings: FrameSettings) -> Prepared:
+        """Read the header, check the limits, decode and letterbox one admitted frame (on
+        the host, or batched on the GPU while a CUDA engine serves). Raises ClientError
+        for bad input. The canvas is the caller's: hand it to :meth:`finish` or
+        :meth:`release`. Cancelled while decoding, the decode goes on in its worker and
+        its canvas goes back to the pool when it is done."""
         loop = asyncio.get_running_loop()
         if self._housekeeping is None:  # started with the first frame, on the serving loop
             d = self.config.decode
             self._housekeeping = loop.create_task(
                 keep_pool_trimmed(self.pool, d.pool_idle_bytes, d.pool_idle_s, d.trim_heap)
             )
-        taken_at = time.perf_counter() if taken_at is None else taken_at
+        if frame.image_is_base64:  # base64 of a large frame is worth a worker
+            request = await loop.run_in_executor(
+                self.executor, self.request_for, frame, settings.input_size
+            )
+        else:
+            request = self.request_for(frame, settings.input_size)
+        engine = self.service.engine
+        on_device = engine is not None and engine.accepts_device_frames
+        decoding = asyncio.ensure_future(self.decoding.decode(request, device=on_device))
         try:
-            if frame.image_is_base64:  # base64 of a large frame is worth a worker
-                request = await loop.run_in_executor(
-                    self.executor, self.request_for, frame, settings.input_size
-                )
-            else:
-                request = self.request_for(frame, settings.input_size)
-            engine = self.service.engine
-            on_device = engine is not None and engine.accepts_device_frames
-            prep = await self.decoding.decode(request, device=on_device)
-        finally:
-            if on_prepared is not None:
-                on_prepared()
+            return await asyncio.shield(decoding)
+        except asyncio.CancelledError:
+            self._abandoned.add(decoding)
+            decoding.add_done_callback(self._release_abandoned)
+            raise
+
+    def _release_abandoned(self, decoding: asyncio.Future[Prepared]) -> None:
+        self._abandoned.discard(decoding)
+        if not decoding.cancelled() and decoding.exception() is None:
+            self.release(decoding.result())
+
+    def release(self, prepared: Prepared) -> None:
+        """Give a prepared frame's canvas back (:meth:`finish` does so itself)."""
+        if not prepared.on_device:  # a device canvas is freed when its last user drops it
+            self.pool.release(prepared.canvas)
+
+    async def finish(
+        self,
+        frame: FrameMessage,
+        prepared: Prepared,
+        settings: FrameSettings,
+        taken_at: float,
+        *,
+        supersede_key: Hashable | None = None,
+        owner: Hashable | None = None,
+        reading: SessionReading | None = None,
+    ) -> FrameResult | Superseded:
+        """Infer, post-process and (``reading``: the session's reading state, read.py)
+        read one prepared frame; its canvas goes back on every path. Returns
+        :data:`~edge_vision.infer.SUPERSEDED` when a newer frame of ``supersede_key``
+        took its place before the engine ran it; ``owner`` (the session) sets its turn in
+        the engine's queue (edge_vision.batch). Raises EngineError when no engine can
+        serve."""
         try:
-            outputs, batch = await self.service.infer(prep.canvas, supersede_key)
+            inferred = await self.service.infer(prepared.canvas, supersede_key, owner=owner)
         finally:
-            if not prep.on_device:  # a device canvas is freed when its last user drops it
-                self.pool.release(prep.canvas)
+            self.release(prepared)
+        if isinstance(inferred, Superseded):
+            return inferred
+        outputs, batch = inferred
+        loop = asyncio.get_running_loop()
         t_post = time.perf_counter()
         quads = None
         if reading is None:
             dets = await loop.run_in_executor(
-                self.executor, self.postprocess, outputs, prep.letterbox, settings
+                self.executor, self.postprocess, outputs, prepared.letterbox, settings
             )
         else:
             dets, quads = await loop.run_in_executor(
-                self.executor, self.postprocess_quads, outputs, prep.letterbox, settings
+                self.executor, self.postprocess_quads, outputs, prepared.letterbox, settings
             )
         done = time.perf_counter()
-        timing = _timing(frame, taken_at, prep, batch, t_post, done)
+        timing = _timing(frame, taken_at, prepared, batch, t_post, done)
         texts = None
         if reading is not None:
             texts = await self.reading.read(
@@ -281,13 +324,32 @@ class FramePipeline:
             read_done = time.perf_counter()
             timing["read_ms"] = (read_done - done) * 1000.0
             timing["server_ms"] = (read_done - frame.received_at) * 1000.0
-        return FrameResult(frame, prep.letterbox.src_w, prep.letterbox.src_h, dets, timing, texts)
+        lb = prepared.letterbox
+        return FrameResult(frame, lb.src_w, lb.src_h, dets, timing, texts)
+
+    async def process(
+        self,
+        frame: FrameMessage,
+        settings: FrameSettings,
+        taken_at: float | None = None,
+        *,
+        reading: SessionReading | None = None,
+    ) -> FrameResult:
+        """:meth:`prepare` then :meth:`finish`, for a caller without a session (nothing
+        can supersede its frame). Raises ClientError for bad input, EngineError when no
+        engine can serve."""
+        taken_at = time.perf_counter() if taken_at is None else taken_at
+        prepared = await self.prepare(frame, settings)
+        result = await self.finish(frame, prepared, settings, taken_at, reading=reading)
+        if isinstance(result, Superseded):
+            raise RuntimeError("a frame without a supersede key was superseded")
+        return result
 
 
 def _timing(
     frame: FrameMessage,
     taken_at: float,
-    prep: _Prepared,
+    prep: Prepared,
     batch: BatchInfo,
     t_post: float,
     done: float,

@@ -7,11 +7,12 @@ it) and replay's in-process target (edge_vision.replay: frames from a clip, repl
 delivered to the writer). Everything that decides is in the core; this module only turns
 its actions into tasks:
 
-* :class:`~.session_core.Process`: a task runs the frame through
-  :meth:`~edge_vision.pipeline.FramePipeline.process` with the core's supersede key and
-  reports ``prepared`` when decoding is over, then ``result_ready`` (a
-  :class:`~edge_vision.pipeline.FrameResult`, or the :class:`~edge_vision.errors.ClientError`
-  the frame earned) or ``superseded``;
+* :class:`~.session_core.Process`: a task runs the frame through the pipeline's two steps,
+  :meth:`~edge_vision.pipeline.FramePipeline.prepare`, then (having reported ``prepared``
+  to the core) :meth:`~edge_vision.pipeline.FramePipeline.finish` with the core's
+  supersede key, and reports ``result_ready`` (a :class:`~edge_vision.pipeline.FrameResult`,
+  or the :class:`~edge_vision.errors.ClientError` the frame earned) or, when finish
+  answered :data:`~edge_vision.infer.SUPERSEDED`, ``superseded``;
 * :class:`~.session_core.Send`: the reply goes into one FIFO that a single sender task
   empties through the shell's ``send`` (so replies leave in the core's order), then
   ``sent``;
@@ -28,7 +29,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from .aio import cancel_and_wait
-from .errors import ClientError, EngineError, FrameSuperseded
+from .errors import ClientError, EngineError
+from .infer import Superseded
 from .metrics import Metrics
 from .pipeline import FramePipeline, FrameResult, FrameSettings
 from .read import SessionReading
@@ -76,6 +78,10 @@ class SessionRunner:
         self._tasks: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()  # set after every event: accepting, idle may differ
+        # This session in the engine's queue, whose turns favour the session served least
+        # recently (batch.py): a bare object, so the queue's memory of turns holds nothing
+        # of the session once it is gone.
+        self._owner = object()
 
     # -- what the shell calls -----------------------------------------------------------
 
@@ -153,19 +159,9 @@ class SessionRunner:
 
     async def _process(self, ticket: FrameTicket, taken_at: float) -> None:
         frame, core = ticket.frame, self.core
-        reply: Reply
+        reply: Reply | Superseded
         try:
-            reply = await self.pipeline.process(
-                frame,
-                self._settings(),
-                taken_at,
-                supersede_key=core.supersede_key(ticket),
-                on_prepared=lambda: self._apply(core.prepared(ticket)),
-                reading=self._reading(),
-            )
-        except FrameSuperseded:
-            self._apply(core.superseded(ticket))
-            return
+            reply = await self._serve(ticket, taken_at)
         except ClientError as e:
             reply = e.with_frame_id(frame.id)
         except EngineError as e:
@@ -173,6 +169,9 @@ class SessionRunner:
         except Exception:
             log.exception("frame %r of %s failed", frame.id, self._name)
             reply = ClientError("internal", "the server failed on this frame", frame.id)
+        if isinstance(reply, Superseded):
+            self._apply(core.superseded(ticket))
+            return
         rejected = isinstance(reply, ClientError)
         if self._metrics is not None:
             if isinstance(reply, ClientError):
@@ -180,6 +179,23 @@ class SessionRunner:
             else:
                 self._metrics.observe_timing(reply.timing)
         self._apply(core.result_ready(ticket, reply, rejected=rejected))
+
+    async def _serve(self, ticket: FrameTicket, taken_at: float) -> FrameResult | Superseded:
+        frame, core, pipeline = ticket.frame, self.core, self.pipeline
+        settings, reading = self._settings(), self._reading()
+        try:
+            prepared = await pipeline.prepare(frame, settings)
+        finally:  # failed or cancelled, it no longer holds the decode turn either
+            self._apply(core.prepared(ticket))
+        return await pipeline.finish(
+            frame,
+            prepared,
+            settings,
+            taken_at,
+            supersede_key=core.supersede_key(ticket),
+            owner=self._owner,
+            reading=reading,
+        )
 
     async def _send_in_order(self) -> None:
         while True:

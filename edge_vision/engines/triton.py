@@ -14,8 +14,8 @@ Start-up reads Triton's model metadata and config and compares them with the ONN
 this node pre- and post-processes for (:func:`check_model_io`): names, dtypes, dims and
 max batch. A difference raises :class:`~edge_vision.errors.EngineMismatch`, which stops
 start-up; an unreachable Triton raises :class:`~edge_vision.errors.EngineUnavailable`, which
-:class:`~edge_vision.infer.InferenceService` answers by degrading to the local engine when
-one is configured. At run time a failed request raises the same two errors (timeouts and
+:class:`~edge_vision.supervisor.EngineSupervisor` answers by degrading to the local engine
+when one is configured. At run time a failed request raises the same two errors (timeouts and
 ``UNAVAILABLE`` as EngineUnavailable); the gRPC channel reconnects by itself, at most
 ``engine.triton.reconnect_backoff_s`` apart.
 """

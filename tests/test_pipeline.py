@@ -1,0 +1,101 @@
+"""The pipeline's two steps, prepare and finish, with the real model on ONNX Runtime: every
+decoded canvas goes back to the pool, whether the frame is answered, superseded in the
+engine's queue, or its caller is cancelled while it decodes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from edge_vision.decode import BufferPool, DecodedFrame, Decoder, ImageHeader
+from edge_vision.infer import SUPERSEDED, InferenceService
+from edge_vision.models import ModelSpec
+from edge_vision.pipeline import FramePipeline, FrameResult, FrameSettings
+from edge_vision.receive import FrameMessage
+
+from .support.images import text_scene
+from .support.server import make_config
+from .support.timing import T
+
+pytestmark = pytest.mark.timeout(120)
+
+JPG = text_scene(640, 360, texts=[("PART 77-A", (120, 150))]).jpeg()
+SETTINGS = FrameSettings(0.5)
+
+
+class _HeldDecoder:
+    """The real decoder, held at its start until the test lets it go: the only way to be
+    sure a caller is cancelled while a worker decodes its frame."""
+
+    def __init__(self, real: Decoder) -> None:
+        self.real = real
+        self.name = real.name
+        self.started = threading.Event()
+        self.go = threading.Event()
+
+    def decode(
+        self, data: bytes, header: ImageHeader, min_size: tuple[int, int] | None, pool: BufferPool
+    ) -> DecodedFrame:
+        self.started.set()
+        self.go.wait(T(30))
+        return self.real.decode(data, header, min_size, pool)
+
+
+@pytest.fixture
+async def service(spec: ModelSpec) -> AsyncIterator[InferenceService]:
+    cfg = make_config({"engine": {"kind": "onnxruntime"}})
+    service = InferenceService(spec, cfg)
+    await service.start()
+    yield service
+    await service.close()
+
+
+def _frame(i: int) -> FrameMessage:
+    return FrameMessage(i, 0.0, JPG, False, 0.0)
+
+
+async def test_a_frame_superseded_in_the_engines_queue_gives_its_canvas_back(
+    service: InferenceService,
+) -> None:
+    pipeline = FramePipeline(service.config, service)
+    try:
+        a, b, c = [await pipeline.prepare(_frame(i), SETTINGS) for i in range(3)]
+        assert pipeline.pool.in_use_bytes > 0  # three canvases handed out
+        session = object()
+        outcomes: list[Any] = await asyncio.gather(
+            pipeline.finish(_frame(0), a, SETTINGS, 0.0),
+            pipeline.finish(_frame(1), b, SETTINGS, 0.0, supersede_key=session),
+            pipeline.finish(_frame(2), c, SETTINGS, 0.0, supersede_key=session),
+        )
+    finally:
+        await pipeline.close()
+    first, replaced, newest = outcomes
+    assert replaced is SUPERSEDED  # a value, not an exception
+    assert isinstance(first, FrameResult) and isinstance(newest, FrameResult)
+    assert len(newest.detections) >= 1 and newest.frame.id == 2
+    assert pipeline.pool.in_use_bytes == 0
+
+
+async def test_a_caller_cancelled_while_its_frame_decodes_leaves_no_canvas_out(
+    service: InferenceService,
+) -> None:
+    pipeline = FramePipeline(service.config, service)
+    held = _HeldDecoder(pipeline.decoder)
+    pipeline.decoder = held
+    try:
+        task = asyncio.create_task(pipeline.prepare(_frame(0), SETTINGS))
+        assert await asyncio.to_thread(held.started.wait, T(30))
+        task.cancel()  # the worker is inside the decode: it will still make a canvas
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        held.go.set()
+    finally:
+        held.go.set()
+        await pipeline.close()  # waits for the abandoned decode
+    assert pipeline.pool.allocations >= 1  # the decode did hand out a canvas ...
+    assert pipeline.pool.in_use_bytes == 0  # ... and it went back
+    assert pipeline.budget.held_by("decode") == 0
