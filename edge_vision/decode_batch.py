@@ -204,6 +204,67 @@ class HostBatchDecoder:
 # GPU
 
 
+class NvImgCodecJpeg:
+    """nvImageCodec's batched JPEG decode (``nvidia.nvimgcodec``) into ``3 × H × W`` RGB
+    torch tensors on the device: the GPU's hardware JPEG engine first (A100, H100, H200,
+    Jetson Orin), then nvImageCodec's CUDA decoder for what the engine does not take. Unlike
+    torchvision's batched nvJPEG, whose Huffman stage runs on the host, the hardware path
+    leaves the host only the header parse. It reads the bytes from host memory itself, so
+    no staging copy is needed. One decoder per CUDA stream: calls on different streams may
+    run at once from different worker threads.
+    """
+
+    name = "nvimgcodec"
+
+    def __init__(self, torch: Any, device: Any, cpu_threads: int) -> None:
+        try:
+            self._nv = importlib.import_module("nvidia.nvimgcodec")
+        except ImportError as e:
+            raise ConfigError(
+                "decode.device_library nvimgcodec needs NVIDIA's nvImageCodec: pip install "
+                f"'nvidia-nvimgcodec-cu13[nvjpeg]' (Jetson: nvidia-nvimgcodec-tegra-cu12): {e}"
+            ) from e
+        self._torch = torch
+        self.device = device
+        self._cpu_threads = cpu_threads
+        nv = self._nv
+        self._params = nv.DecodeParams(
+            apply_exif_orientation=False,  # as the host decoders and torchvision: raw pixels
+            sample_format=nv.SampleFormat.P_RGB,
+        )
+        self._decoders: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def _decoder(self, stream_id: int) -> Any:
+        with self._lock:
+            dec = self._decoders.get(stream_id)
+            if dec is None:
+                nv = self._nv
+                kinds = (nv.BackendKind.HW_GPU_ONLY, nv.BackendKind.GPU_ONLY)
+                backends = [nv.Backend(kind) for kind in kinds]
+                dec = nv.Decoder(
+                    device_id=self.device.index or 0,
+                    max_num_cpu_threads=self._cpu_threads,
+                    backends=backends,
+                )
+                self._decoders[stream_id] = dec
+            return dec
+
+    def decode(self, datas: Sequence[bytes], stream: Any) -> list[Any]:
+        """Each frame's tensor, or a RuntimeError where nvImageCodec could not decode it."""
+        nv, torch = self._nv, self._torch
+        handle = int(stream.cuda_stream)
+        images = self._decoder(handle).decode(
+            [nv.CodeStream(d) for d in datas], params=self._params, cuda_stream=handle
+        )
+        return [
+            torch.as_tensor(img, device=self.device)
+            if img is not None
+            else RuntimeError("nvImageCodec could not decode this JPEG")
+            for img in images
+        ]
+
+
 def import_cuda_decode() -> tuple[Any, Any]:
     """``(torch, torchvision.io)`` with CUDA, or a ConfigError saying what is missing."""
     try:
@@ -242,6 +303,8 @@ class CudaBatchDecoder:
         device: str = "cuda:0",
         streams: int = 2,
         staging: Allocator = numpy_allocator,
+        library: str = "torchvision",
+        cpu_threads: int = 2,
     ) -> None:
         if device.startswith("cuda"):
             self._torch, self._tvio = import_cuda_decode()
@@ -250,6 +313,16 @@ class CudaBatchDecoder:
         torch = self._torch
         self.host = host
         self.device = torch.device(device)
+        # decode.device_library: nvImageCodec (hardware JPEG engine) or torchvision's nvJPEG.
+        self.nvimgcodec: NvImgCodecJpeg | None = None
+        if library != "torchvision":
+            try:
+                self.nvimgcodec = NvImgCodecJpeg(torch, self.device, cpu_threads)
+            except ConfigError as e:
+                if library == "nvimgcodec":
+                    raise
+                log.info("decode.device_library auto: torchvision's nvJPEG (%s)", e)
+        self.library = "nvimgcodec" if self.nvimgcodec is not None else "torchvision"
         self.staging = BufferPool(staging)
         self._streams: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(max(1, streams)):
@@ -282,6 +355,8 @@ class CudaBatchDecoder:
     def decode_pixels(self, requests: Sequence[DecodeRequest], stream: Any) -> list[Any]:
         """nvJPEG on the device: each frame's ``3 × H × W`` RGB tensor, or the exception
         nvJPEG raised for it (a batch failing whole is retried frame by frame)."""
+        if self.nvimgcodec is not None:
+            return self._retry_alone([r.data for r in requests], stream, self.nvimgcodec.decode)
         torch = self._torch
         staged: list[U8Array] = []
         try:
@@ -294,25 +369,44 @@ class CudaBatchDecoder:
             # torchvision allocates nvJPEG's outputs on this stream but may decode on a
             # stream of its own without waiting for this one: nothing may still be queued
             # here that reads memory the allocator could hand to those outputs.
-            stream.synchronize()
+            self._wait(stream)
             with self._on(stream):
-                try:
-                    return self._nvjpeg(datas)
-                except RuntimeError:
-                    with self._lock:
-                        self.batch_failures += 1
-                results: list[Any] = []
-                for d in datas:
-                    try:
-                        results.extend(self._nvjpeg([d]))
-                    except RuntimeError as e:
-                        results.append(e)
-                return results
+                return self._retry_alone(datas, stream, lambda ds, _s: self._nvjpeg(list(ds)))
         finally:
             # nvJPEG has read the bytes once decode_jpeg returns (it parses them on the
             # host and copies what the device needs before returning).
             for buf in staged:
                 self.staging.release(buf)
+
+    def _wait(self, stream: Any) -> None:
+        """Block this worker thread until ``stream``'s work is done, asleep: a blocking-sync
+        event, where ``Stream.synchronize`` spins a core for the whole wait (on the H200 at
+        64 cameras the spinning was a fifth of the server's CPU, py-spy,
+        docs/benchmarks.md)."""
+        if isinstance(stream, _NoStream):
+            stream.synchronize()
+            return
+        done = self._torch.cuda.Event(blocking=True)
+        done.record(stream)
+        done.synchronize()
+
+    def _retry_alone(
+        self, datas: Sequence[Any], stream: Any, decode: Callable[[Sequence[Any], Any], list[Any]]
+    ) -> list[Any]:
+        """``decode`` of the whole batch; when that call fails whole (one bad image can do
+        that), each frame again on its own, so only the bad one gets its exception."""
+        try:
+            return decode(datas, stream)
+        except RuntimeError:
+            with self._lock:
+                self.batch_failures += 1
+        results: list[Any] = []
+        for d in datas:
+            try:
+                results.extend(decode([d], stream))
+            except RuntimeError as e:
+                results.append(e)
+        return results
 
     def letterbox(self, images: Sequence[Any], plans: Sequence[Letterbox], pad: int) -> list[Any]:
         """Device letterbox of ``3 × h × w`` RGB uint8 tensors into ``out_h × out_w × 3``
@@ -362,7 +456,7 @@ class CudaBatchDecoder:
                 plans = [requests[i].letterbox for i, _ in ok]
                 with self._on(stream):
                     canvases = self.letterbox([p for _, p in ok], plans, self.host.pad_value)
-                stream.synchronize()  # canvases complete before any engine stream reads them
+                self._wait(stream)  # canvases complete before any engine stream reads them
                 t2 = time.perf_counter()
             finally:
                 self._streams.put(stream)
@@ -382,14 +476,23 @@ class CudaBatchDecoder:
 
 
 def make_device_decoder(
-    device: str, host: HostBatchDecoder, *, streams: int = 2, staging: Allocator = numpy_allocator
+    device: str,
+    host: HostBatchDecoder,
+    *,
+    streams: int = 2,
+    staging: Allocator = numpy_allocator,
+    library: str = "auto",
+    cpu_threads: int = 2,
 ) -> CudaBatchDecoder | None:
     """``decode.device``: ``host`` (None), ``cuda`` (ConfigError when it cannot), or
-    ``auto`` (cuda when torch sees a GPU and torchvision is there, else None)."""
+    ``auto`` (cuda when torch sees a GPU and torchvision is there, else None);
+    ``library``: ``decode.device_library``."""
     if device == "host":
         return None
     try:
-        return CudaBatchDecoder(host, streams=streams, staging=staging)
+        return CudaBatchDecoder(
+            host, streams=streams, staging=staging, library=library, cpu_threads=cpu_threads
+        )
     except ConfigError as e:
         if device == "cuda":
             raise

@@ -125,12 +125,14 @@ class FramePipeline:
                 self.host_decoder,
                 streams=self.config.decode.device_streams,
                 staging=allocator,
+                library=self.config.decode.device_library,
+                cpu_threads=worker_count(self.config.decode.workers),
             )
             if device is not None:
                 log.info(
-                    "decoding JPEGs on %s with nvJPEG (torchvision), up to %d a call, %d "
-                    "call(s) at a time",
+                    "decoding JPEGs on %s with %s, up to %d a call, %d call(s) at a time",
                     device.device,
+                    device.library,
                     self.config.decode.device_batch,
                     self.config.decode.device_streams,
                 )

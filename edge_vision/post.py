@@ -18,6 +18,7 @@ Raw YOLO heads run a confidence filter and class-aware NMS (:func:`batched_nms`)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -133,11 +134,24 @@ class DbnetHead:
         self, outputs: Sequence[np.ndarray], lb: Letterbox, confidence: float
     ) -> tuple[F32Array, F32Array]:
         """:meth:`decode`, plus each detection's rotated rectangle: ``(N, 4, 2)`` corners in
-        frame pixels (``cv2.boxPoints`` order), which the read stage straightens (read.py)."""
-        prob = np.asarray(outputs[0], dtype=np.float32).reshape(outputs[0].shape[-2:])
+        frame pixels (``cv2.boxPoints`` order), which the read stage straightens (read.py).
+
+        The map is the model's float probabilities, or the byte map a GPU engine made of
+        them on the device (:data:`DB_MAP_BYTES`)."""
+        raw = np.asarray(outputs[0])
+        on_device = raw.dtype == np.uint8
+        prob = raw.reshape(raw.shape[-2:])
+        if not on_device:
+            prob = prob.astype(np.float32, copy=False)
         # Only the letterboxed frame, not the padding, can hold text.
         region = prob[lb.pad_y : lb.pad_y + lb.new_h, lb.pad_x : lb.pad_x + lb.new_w]
-        bitmap = np.greater(region, self.bin_threshold).view(np.uint8)  # bool -> 0/1, no copy
+        # A byte map is binarised already (its top bit); bool -> 0/1 is a view, no copy.
+        if on_device:
+            above = np.greater_equal(region, 128)
+        else:
+            above = np.greater(region, self.bin_threshold)
+        bitmap = above.view(np.uint8)
+        levels = db_map_levels(self.bin_threshold) if on_device else None
         if self.dilate:
             bitmap = np.asarray(cv2.dilate(bitmap, _DILATION_KERNEL), np.uint8)
         contours, _ = cv2.findContours(bitmap, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
@@ -148,7 +162,7 @@ class DbnetHead:
             if min(rect[1]) < self.min_size:
                 continue
             corners = cv2.boxPoints(rect)
-            score = _mean_inside(region, corners)
+            score = _mean_inside(region, corners, levels)
             if score < confidence:
                 continue
             grown = _unclip(corners, self.unclip_ratio)
@@ -180,8 +194,29 @@ _DILATION_KERNEL = np.ones((2, 2), np.uint8)
 RotatedRect = tuple[tuple[float, float], tuple[float, float], float]
 
 
-def _mean_inside(prob: F32Array, corners: npt.NDArray[Any]) -> float:
-    """Mean probability inside a rectangle (DB's 'fast' box score).
+#: The byte map of DB's probabilities that a GPU engine returns instead of the float map
+#: (``engine.torch.device_post``; made on the device by ``engines.torch.db_map_bytes``, one
+#: byte a pixel, so 4x less to copy back and no threshold pass on the host). With ``t`` the
+#: binarisation threshold, a pixel above ``t`` is ``128 + round((p - t) / (1 - t) · 127)``,
+#: any other ``round(p / t · 127)``: the top bit is the bitmap, exactly as ``p > t`` is on
+#: the host, and the rest gives the box score back within ``(1 - t) / 254`` (0.0028 at 0.3).
+DB_MAP_BYTES = 127
+
+
+@functools.lru_cache(maxsize=8)
+def db_map_levels(threshold: float) -> F32Array:
+    """The probability each byte of :data:`DB_MAP_BYTES` stands for (256 float32)."""
+    q = np.arange(256, dtype=np.float64)
+    low = q / DB_MAP_BYTES * threshold
+    high = threshold + (q - 128) / DB_MAP_BYTES * (1.0 - threshold)
+    return np.where(q >= 128, high, low).astype(np.float32)
+
+
+def _mean_inside(
+    prob: npt.NDArray[Any], corners: npt.NDArray[Any], levels: F32Array | None = None
+) -> float:
+    """Mean probability inside a rectangle (DB's 'fast' box score); ``levels``: what each
+    byte of a :data:`DB_MAP_BYTES` map stands for.
 
     The corners are truncated towards zero to whole pixels before filling, as the reference
     does (``astype(int32)``); rounding instead shifts small boxes by a pixel."""
@@ -193,7 +228,10 @@ def _mean_inside(prob: F32Array, corners: npt.NDArray[Any]) -> float:
     mask = np.zeros((ymax - ymin + 1, xmax - xmin + 1), np.uint8)
     local = (corners - (xmin, ymin)).astype(np.int32)
     cv2.fillPoly(mask, [local], 1)
-    return float(cv2.mean(prob[ymin : ymax + 1, xmin : xmax + 1], mask)[0])
+    roi = prob[ymin : ymax + 1, xmin : xmax + 1]
+    if levels is not None:
+        roi = levels[roi]
+    return float(cv2.mean(roi, mask)[0])
 
 
 def _unclip(corners: npt.NDArray[Any], ratio: float) -> RotatedRect:

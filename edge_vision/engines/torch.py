@@ -8,7 +8,8 @@ per (batch bucket, H, W). A batch is::
     letterboxed uint8 frames, already in pinned memory (the decode pool's allocator is
     the CUDA layer's pinned allocator while this engine is active)
     --H2D per frame (slot stream)--> graph replay
-       [uint8 NHWC -> normalised NCHW fp16 -> network -> fp32 outputs]
+       [uint8 NHWC -> normalised NCHW fp16 -> network -> fp32 outputs
+        (a DBNet map: -> its byte map, post.DB_MAP_BYTES, engine.torch.device_post)]
     --D2H (slot stream)--> pinned outputs --event--> awaited without blocking the loop
 
 so batch k+1's copies run while batch k computes on another stream. Batch sizes are
@@ -35,6 +36,7 @@ from ..config import Config
 from ..cuda import PinnedBuffer
 from ..errors import EngineError
 from ..models import ModelSpec
+from ..post import DB_MAP_BYTES
 from .base import U8Array
 from .gpu_base import GpuEngine, GpuSlot
 
@@ -70,7 +72,16 @@ class _Slot(GpuSlot):
         super().close()
 
 
-_Layout = list[tuple[int, tuple[int, ...]]]
+_Layout = list[tuple[int, tuple[int, ...], Any]]  # bytes, shape, numpy dtype of each output
+
+
+def db_map_bytes(torch: Any, prob: Any, threshold: float) -> Any:
+    """DB's float probability map as its byte map (:data:`~edge_vision.post.DB_MAP_BYTES`):
+    the top bit is ``prob > threshold``, the low seven the probability within its half."""
+    above = prob > threshold
+    high = 128.0 + torch.round((prob - threshold) * (DB_MAP_BYTES / (1.0 - threshold)))
+    low = torch.round(prob.clamp(0.0, threshold) * (DB_MAP_BYTES / threshold))
+    return torch.where(above, high.clamp(128, 255), low.clamp(0, 127)).to(torch.uint8)
 
 
 class TorchEngine(GpuEngine[_Slot, _Layout]):
@@ -86,6 +97,8 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         self._scale: Any = None
         self._shift: Any = None
         self.graph_captures = 0
+        # A DBNet map is made a byte map on the device (engine.torch.device_post).
+        self._db_threshold: float | None = None
 
     @property
     def cuda(self) -> bool:
@@ -125,6 +138,8 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         self._scale = scale.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._shift = shift.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._dtype = dtype
+        if self.cuda and self.tcfg.device_post and self.config.model.head in ("auto", "dbnet"):
+            self._db_threshold = self.config.model.dbnet.bin_threshold
         if self.cuda:
             rt = self._open_runtime(self._device.index or 0)
             for i in range(self.max_in_flight):
@@ -168,7 +183,12 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         if self.spec.normalisation.rgb:
             x = x.flip(1)
         x = x.to(self._dtype) * self._scale + self._shift
-        return [o.float() for o in self._module(x)]
+        outputs = [o.float() for o in self._module(x)]
+        t = self._db_threshold
+        one_map = len(outputs) == 1 and outputs[0].dim() == 4 and outputs[0].shape[1] == 1
+        if t is not None and one_map:  # one probability map a frame: DBNet's
+            return [db_map_bytes(self._torch, outputs[0], t)]
+        return outputs
 
     def _graph_for(self, slot: _Slot, b: int, h: int, w: int) -> _Graph:
         key = (b, h, w)
@@ -218,8 +238,10 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         h, w = frames[0].shape[:2]
         b = batch_bucket(len(frames), self.max_batch)
         g = self._graph_for(slot, b, h, w)
-        out_layout = [(o.numel() * 4, tuple(o.shape)) for o in g.outputs]
-        out_bytes = sum(n for n, _ in out_layout)
+        out_layout = [
+            (o.numel() * o.element_size(), tuple(o.shape), _numpy_dtype(o)) for o in g.outputs
+        ]
+        out_bytes = sum(n for n, _, _ in out_layout)
         if slot.pinned_out is None or slot.pinned_out.nbytes < out_bytes:
             if slot.pinned_out is not None:  # grows during warm-up, then stays
                 slot.pinned_out.close()
@@ -235,9 +257,9 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
                         dst.copy_(src)
         n = len(frames)
         offset = 0
-        for (nbytes, shape), out in zip(out_layout, g.outputs, strict=True):
+        for (nbytes, shape, dtype), out in zip(out_layout, g.outputs, strict=True):
             # Only the n real rows come back; bucket padding rows stay on the device.
-            rows = slot.pinned_out.array[offset : offset + nbytes].view(np.float32).reshape(shape)
+            rows = slot.pinned_out.array[offset : offset + nbytes].view(dtype).reshape(shape)
             rt.copy_dtoh_async(rows[:n], out.data_ptr(), slot.stream)
             offset += nbytes
         rt.record(slot.event, slot.stream)
@@ -260,8 +282,8 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         if pinned is None:
             raise RuntimeError("batch finished without output buffers")
         outputs, offset = [], 0
-        for nbytes, shape in layout:
-            host = pinned.array[offset : offset + nbytes].view(np.float32).reshape(shape)
+        for nbytes, shape, dtype in layout:
+            host = pinned.array[offset : offset + nbytes].view(dtype).reshape(shape)
             outputs.append(host[:n].copy())
             offset += nbytes
         return outputs
@@ -276,7 +298,13 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
             "fp16": self.tcfg.fp16,
             "cuda_graphs": self.tcfg.cuda_graphs,
             "graphs_captured": self.graph_captures,
+            "device_post": self._db_threshold is not None,
         }
         if self.runtime is not None:
             d["gpu"] = self.runtime.device_name()
         return d
+
+
+def _numpy_dtype(tensor: Any) -> Any:
+    """The numpy dtype of a torch tensor's elements (float32 outputs, uint8 byte maps)."""
+    return np.dtype(str(tensor.dtype).removeprefix("torch."))

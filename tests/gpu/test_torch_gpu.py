@@ -79,6 +79,7 @@ async def test_fp16_matches_onnx_runtime_on_real_frames_and_fp32_everywhere(
     for precision in ("fp16", "fp32"):
         cfg = _gpu_config(backend)
         cfg.engine.torch.fp16 = precision == "fp16"
+        cfg.engine.torch.device_post = False  # the network's own float map, not its byte map
         for name, frames in (("real", real), ("random", random_frames)):
             got, info = await _outputs("torch", spec, cfg, frames)
             ref, _ = await _outputs("onnxruntime", spec, cfg, frames)
@@ -104,6 +105,8 @@ async def test_same_detections_as_onnx_runtime_after_post_processing(
         cfg = _gpu_config(backend, kind=kind)
         service = InferenceService(spec, cfg)
         await service.start()
+        if kind == "torch":  # its DB map is binarised on the GPU (engine.torch.device_post)
+            assert service.engine is not None and service.engine.describe()["device_post"]
         pipeline = FramePipeline(cfg, service)
         try:
             results = await asyncio.gather(
