@@ -39,14 +39,31 @@ The modules, in the order a frame meets them:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .books import STAGES, Encoded, FrameRecord, InOrder, Outcome, ReplayStats, percentiles
 from .command import DESCRIPTION, add_arguments, cmd_replay, main, options_from_args, register_cli
 from .local_target import LocalTarget
 from .options import ReplayError, ReplayOptions
-from .remote_target import REALTIME_WINDOW, RemoteTarget, websocket_url
 from .run import WRITE_BACKLOG, Replay, replay
 from .target import Deliver, Target
 from .writers import Recorder, annotated, format_summary, jsonl_line
+
+if TYPE_CHECKING:
+    from .remote_target import REALTIME_WINDOW, RemoteTarget, websocket_url
+
+_REMOTE = frozenset(("REALTIME_WINDOW", "RemoteTarget", "websocket_url"))
+
+
+def __getattr__(name: str) -> Any:
+    """The remote target's names, imported when first asked for: ``edge-vision`` builds its
+    parser from this package, and the client (aiohttp) is needed only with ``--url``."""
+    if name in _REMOTE:
+        from . import remote_target
+
+        return getattr(remote_target, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DESCRIPTION",

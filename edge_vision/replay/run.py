@@ -26,7 +26,6 @@ from ..sources import FrameSource, SourceInfo, open_source
 from .books import Encoded, FrameRecord, InOrder, Outcome
 from .local_target import LocalTarget
 from .options import ReplayError, ReplayOptions
-from .remote_target import RemoteTarget
 from .target import Target
 from .writers import Recorder
 
@@ -106,6 +105,8 @@ class Replay:
     def _make_target(self, mode: Mode) -> Target:
         opts = self.opts
         if opts.url:
+            from .remote_target import RemoteTarget  # the client and aiohttp: only with --url
+
             return RemoteTarget(opts, mode, self.deliver)
         if self.config is None:
             raise RuntimeError("in-process replay needs a Config")
@@ -235,7 +236,10 @@ class Replay:
                 "jsonl": str(self.opts.jsonl) if self.opts.jsonl else None,
             },
         }
-        if isinstance(target, RemoteTarget):
+        if self.opts.url:  # the remote target's own counts
+            from .remote_target import RemoteTarget
+
+            assert isinstance(target, RemoteTarget)
             summary["wire"] = self.opts.wire
             summary["duplicates"] = target.duplicates
             summary["ts_mismatches"] = target.ts_mismatches
