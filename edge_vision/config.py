@@ -177,13 +177,13 @@ class ModelConfig(_Section):
         "gives agreement and CPU frames/s per size.",
     )
     fit: Literal["letterbox", "stretch", "preset"] = Field(
-        "letterbox",
+        "preset",
         description="How a frame fills the engine input: letterbox (aspect kept, sides rounded "
         "up to the stride, padded), stretch (sides rounded to the nearest stride multiple, "
         "frame resized to fill it, as PP-OCR's own DetPreProcess) or preset (the model "
-        "family's own: stretch for ppocr_det, letterbox for yolo). docs/results.md: on 16:9 "
-        "frames stretch matches the reference pipeline's boxes 1.000/1.000, letterbox "
-        "0.90-0.94/0.83-0.90.",
+        "family's own: stretch for ppocr_det, letterbox for yolo; the default). "
+        "docs/results.md: on 16:9 frames stretch matches the reference pipeline's boxes "
+        "1.000/1.000, letterbox 0.90-0.94/0.83-0.90.",
     )
     stride: int = Field(32, ge=1, description="Input sides are multiples of this.")
     min_side: int = Field(32, ge=1, description="Smallest input side the engine accepts.")
@@ -277,7 +277,8 @@ class TensorRTConfig(EngineSection):
         None,
         description="(height, width) the plan is tuned for (the profile's OPT; the profile "
         "spans every side the server can pick, model.min_side up to model.input_size); "
-        "default: a 16:9 frame's input, e.g. (384, 640).",
+        "default: a 16:9 frame's input, e.g. (352, 640) with the default model's stretch, "
+        "(384, 640) with letterbox.",
     )
     timing_cache: Path | None = Field(
         None,
@@ -342,8 +343,12 @@ class EngineConfig(_Section):
         30.0, ge=0, description="Re-run a warm-up inference after this long idle; 0 disables."
     )
     warmup_shapes: list[tuple[int, int]] = Field(
-        default_factory=lambda: [(384, 640), (480, 640), (640, 384), (640, 640)],
-        description="(height, width) input shapes warmed at start before /readyz says ready.",
+        default_factory=lambda: [(720, 1280), (480, 640), (1280, 720), (640, 640)],
+        description="(height, width) of camera frames whose engine input shapes are warmed "
+        "(and CUDA-graph captured) at start, before /readyz says ready: each goes through the "
+        "shape stage at model.input_size and model.fit, so the default 16:9, 4:3, portrait "
+        "and square frames warm 352x640, 480x640, 640x352 and 640x640 with the default "
+        "model's stretch (384x640, 480x640, 640x384, 640x640 with letterbox).",
     )
     cuda_backend: Literal["auto", "cuda-python", "pycuda"] = Field(
         "auto", description="CUDA binding for GPU engines."
@@ -638,10 +643,13 @@ class ReadConfig(_Section):
     model_path: Path | None = Field(
         None, description="Recogniser ONNX; none means rapidocr's PP-OCRv6_rec_small.onnx."
     )
-    engine: Literal["auto", "onnxruntime", "torch"] = Field(
+    engine: Literal["auto", "onnxruntime", "torch", "tensorrt"] = Field(
         "auto",
-        description="Engine kind of the recogniser; auto: torch when engine.kind is torch "
-        "(on engine.torch.device, fp16 as engine.torch.fp16), else ONNX Runtime on the CPU.",
+        description="Engine kind of the recogniser; auto: the detector's engine.kind when it "
+        "is torch (on engine.torch.device, in FP32) or tensorrt (a second plan in "
+        "engine.tensorrt.engine_dir, built like the detector's; ONNX Runtime, with a log "
+        "line, when TensorRT is absent or the plan cannot be had), else ONNX Runtime on "
+        "the CPU.",
     )
     threads: int = Field(
         0, ge=0, description="ONNX Runtime intra-op threads of the recogniser; 0: one per core."
@@ -652,6 +660,13 @@ class ReadConfig(_Section):
         description="Crops per recogniser run, sorted by width; a batch is padded to its "
         "widest crop and this model's attention sees the padding, so 6, the reference's "
         "rec_batch_num, gives the reference's strings for the same boxes.",
+    )
+    max_width: int = Field(
+        2560,
+        ge=320,
+        description="Widest recogniser batch (pixels at height 48; the TensorRT plan's "
+        "profile ends there): a crop whose width at height 48 is larger is squeezed to it. "
+        "2560 holds a line 53 times as wide as it is tall.",
     )
     reread_size_change: float = Field(
         0.15,

@@ -18,10 +18,12 @@ written here from that description:
    sorted by aspect ratio and batched (``read.batch``); a batch is as wide as its widest
    crop at that height, at least 320 (the model's nominal 48×320), the rest padded with
    0 (mid-grey after normalisation);
-3. **recognise** on the configured engine kind: ONNX Runtime on the CPU, or the ``torch``
-   engine's converter (:mod:`edge_vision.engines.onnx_torch`) on a GPU; the arg-max and
-   its probability are taken on the engine's device, so only two ``[N, T]`` arrays come
-   back, not ``[N, T, 18710]``;
+3. **recognise** on the configured engine kind: ONNX Runtime on the CPU, the ``torch``
+   engine's converter (:mod:`edge_vision.engines.onnx_torch`) on a GPU, or a second
+   TensorRT plan built like the detector's
+   (:mod:`edge_vision.engines.tensorrt.recogniser`; ONNX Runtime, with a log line, when
+   TensorRT is absent); the arg-max and its probability are taken on the engine's
+   device, so only two ``[N, T]`` arrays come back, not ``[N, T, 18710]``;
 4. **CTC greedy decode** (:class:`CtcDecoder`): repeated indices merged, the blank
    (index 0) dropped, index ``i`` mapped to the model's own character list (ONNX metadata
    key ``character``, one per line) with the blank put first and a space appended, as the
@@ -66,7 +68,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .config import Config
-from .errors import ClientError, ModelError
+from .errors import ClientError, EngineError, ModelError
 from .track import Tracker, TrackerSettings
 
 log = logging.getLogger(__name__)
@@ -178,8 +180,14 @@ def order_quad(quad: npt.NDArray[np.floating]) -> F32Array:
 def crop_quad(image: U8Array, quad: npt.NDArray[np.floating]) -> U8Array:
     """The rectangle ``quad`` (4×2 corners, any order) of ``image`` warped to an upright
     rectangle of its own side lengths; turned a quarter when 1.5× taller than wide.
-    Never empty: at least 1×1."""
-    q = order_quad(quad)
+    Never empty: at least 1×1.
+
+    The corners are ordered, then rounded to whole pixels (half to even), as the
+    reference's polygons are before it crops them (``DBPostProcess`` rounds each ordered
+    corner into frame pixels): the recogniser is sensitive to a sub-pixel shift of blurred
+    lettering (measured: "YAWAHA" from corners 0.2-0.7 px off the reference's, "YAMAHA"
+    from the same corners rounded)."""
+    q = np.round(order_quad(quad))
     w = int(max(np.linalg.norm(q[0] - q[1]), np.linalg.norm(q[2] - q[3])))
     h = int(max(np.linalg.norm(q[0] - q[3]), np.linalg.norm(q[1] - q[2])))
     w, h = max(w, 1), max(h, 1)
@@ -193,11 +201,15 @@ def crop_quad(image: U8Array, quad: npt.NDArray[np.floating]) -> U8Array:
     return np.ascontiguousarray(crop)
 
 
-def batch_width(ratios: Sequence[float], height: int = INPUT_HEIGHT) -> int:
+def batch_width(
+    ratios: Sequence[float], height: int = INPUT_HEIGHT, max_width: int | None = None
+) -> int:
     """Width of a batch whose crops have these width/height ratios: the widest at
-    ``height``, never under the model's nominal 320 (the reference's rule)."""
+    ``height``, never under the model's nominal 320 (the reference's rule), nor over
+    ``max_width`` (a TensorRT profile's end: a wider crop is squeezed into it)."""
     widest = max([NOMINAL_WIDTH / INPUT_HEIGHT, *ratios])
-    return int(height * widest)
+    width = int(height * widest)
+    return width if max_width is None else min(width, max_width)
 
 
 def resize_into(crop: U8Array, out: F32Array, height: int = INPUT_HEIGHT) -> None:
@@ -213,16 +225,19 @@ def resize_into(crop: U8Array, out: F32Array, height: int = INPUT_HEIGHT) -> Non
 
 
 def recogniser_batches(
-    crops: Sequence[U8Array], batch: int, height: int = INPUT_HEIGHT
+    crops: Sequence[U8Array],
+    batch: int,
+    height: int = INPUT_HEIGHT,
+    max_width: int | None = None,
 ) -> list[tuple[list[int], F32Array]]:
     """Crops grouped by aspect ratio into batches of at most ``batch``: each group's
-    crop indices and its ``[n, 3, height, W]`` input."""
+    crop indices and its ``[n, 3, height, W]`` input (``W`` at most ``max_width``)."""
     ratios = [c.shape[1] / c.shape[0] for c in crops]
     order = [int(i) for i in np.argsort(np.asarray(ratios), kind="stable")]
     out: list[tuple[list[int], F32Array]] = []
     for start in range(0, len(order), batch):
         idx = order[start : start + batch]
-        width = batch_width([ratios[i] for i in idx], height)
+        width = batch_width([ratios[i] for i in idx], height, max_width)
         x = np.empty((len(idx), 3, height, width), np.float32)
         for row, i in enumerate(idx):
             resize_into(crops[i], x[row], height)
@@ -238,6 +253,7 @@ class Recogniser(Protocol):
 
     kind: str
     metadata: dict[str, str]  # the ONNX model's metadata (``character``: the classes)
+    max_width: int | None  # the widest batch it takes (a TensorRT profile's); None: any
 
     def run(self, x: F32Array) -> tuple[IntArray, F32Array]:
         """``x``: ``[N, 3, 48, W]`` → arg-max class ``(N, T)`` and its probability."""
@@ -250,6 +266,7 @@ class OnnxRuntimeRecogniser:
     """The recogniser in ONNX Runtime (CPU by default)."""
 
     kind = "onnxruntime"
+    max_width: int | None = None
 
     def __init__(self, path: Path, threads: int = 0, providers: Sequence[str] = ()) -> None:
         import onnxruntime as ort
@@ -289,6 +306,7 @@ class TorchRecogniser:
     arg-max runs on the device."""
 
     kind = "torch"
+    max_width: int | None = None
 
     def __init__(self, path: Path, device: str = "cuda:0", fp16: bool = True) -> None:
         import torch
@@ -320,17 +338,33 @@ class TorchRecogniser:
 
 
 def load_recogniser(
-    path: Path | None, kind: str, *, threads: int = 0, device: str = "cuda:0", fp16: bool = True
+    path: Path | None,
+    kind: str,
+    *,
+    threads: int = 0,
+    device: str = "cuda:0",
+    fp16: bool = True,
+    config: Config | None = None,
 ) -> Recogniser:
-    """The recogniser on engine kind ``kind`` (``onnxruntime`` or ``torch``)."""
+    """The recogniser on engine kind ``kind`` (``onnxruntime``, ``torch`` or ``tensorrt``:
+    the plan per ``config``'s ``engine.tensorrt`` and ``read`` sections, ONNX Runtime with
+    a warning when TensorRT, the GPU or the plan cannot be had)."""
     model = path or default_recogniser_path()
     if not model.is_file():
         raise ModelError(f"recogniser model {model} does not exist")
     if kind == "torch":
         return TorchRecogniser(model, device, fp16)
+    if kind == "tensorrt":
+        from .engines.tensorrt.recogniser import TensorRTRecogniser
+
+        try:
+            return TensorRTRecogniser(model, config or Config())
+        except EngineError as e:
+            log.warning("the recogniser runs on ONNX Runtime on the CPU: TensorRT: %s", e)
+            return OnnxRuntimeRecogniser(model, threads)
     if kind == "onnxruntime":
         return OnnxRuntimeRecogniser(model, threads)
-    raise ModelError(f"unknown read engine {kind!r}; known: onnxruntime, torch")
+    raise ModelError(f"unknown read engine {kind!r}; known: onnxruntime, torch, tensorrt")
 
 
 # -- the reader ---------------------------------------------------------------------------
@@ -366,7 +400,7 @@ class TextReader:
 
     def read_crops(self, crops: Sequence[U8Array]) -> list[ReadText]:
         results: list[ReadText | None] = [None] * len(crops)
-        for idx, x in recogniser_batches(crops, self.batch):
+        for idx, x in recogniser_batches(crops, self.batch, max_width=self.recogniser.max_width):
             classes, probs = self.recogniser.run(x)
             for i, (text, score) in zip(idx, self.decoder.decode(classes, probs), strict=True):
                 results[i] = ReadText(text, score)
@@ -502,7 +536,8 @@ class ReadStage:
     def engine_kind(self) -> str:
         kind = self.config.read.engine
         if kind == "auto":
-            return "torch" if self.config.engine.kind == "torch" else "onnxruntime"
+            detector = self.config.engine.kind
+            return detector if detector in ("torch", "tensorrt") else "onnxruntime"
         return kind
 
     def _pool(self) -> ThreadPoolExecutor:
@@ -530,7 +565,12 @@ class ReadStage:
         # FP32 even when the detector runs FP16: on the H200 (2026-12-01, docs/benchmarks.md)
         # the eager recogniser took 41 ms a 16-box frame in FP32 and 150 ms in FP16.
         rec = load_recogniser(
-            r.model_path, self.engine_kind, threads=r.threads, device=t.device, fp16=False
+            r.model_path,
+            self.engine_kind,
+            threads=r.threads,
+            device=t.device,
+            fp16=False,
+            config=self.config,
         )
         reader = TextReader(rec, r.batch)
         reader.warm_up()
@@ -575,7 +615,7 @@ class ReadStage:
         try:
             loop = asyncio.get_running_loop()
             read = await loop.run_in_executor(self._pool(), _read_sync, reader, load_image, corners)
-        except (ClientError, ModelError, cv2.error, ValueError) as e:  # boxes still go, unread
+        except (ClientError, ModelError, EngineError, cv2.error, ValueError) as e:  # sent unread
             log.warning("reading failed (%s: %s); boxes sent unread", type(e).__name__, e)
             self.failures += 1
             return plan.texts

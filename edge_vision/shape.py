@@ -2,7 +2,8 @@
 
 The engine input follows the frame's aspect ratio: the long side goes to the target
 (``model.input_size``), both sides are rounded to the stride and clamped to the engine's
-optimisation profile, so a 16:9 frame runs at 640×384 (or 640×352) instead of 640×640.
+optimisation profile, so a 16:9 frame runs at 640×352 (stretch) or 640×384 (letterbox)
+instead of 640×640.
 How the frame fills that input is the model's *fit* (:attr:`InputLimits.fit`, set per
 model preset in models.py):
 
@@ -126,11 +127,18 @@ def plan_letterbox(src_w: int, src_h: int, out_h: int, out_w: int) -> Letterbox:
     )
 
 
+def plan_fit(src_w: int, src_h: int, out_h: int, out_w: int, fit: Fit) -> Letterbox:
+    """Where a ``src_w × src_h`` frame goes in an ``out_h × out_w`` input with ``fit``:
+    a stretch fills the whole input, each axis scaled on its own; a letterbox keeps the
+    aspect ratio and pads (:func:`plan_letterbox`)."""
+    if fit == "stretch":
+        return Letterbox(src_w, src_h, out_w, out_h, out_w, out_h, 0, 0)
+    return plan_letterbox(src_w, src_h, out_h, out_w)
+
+
 def plan_for_frame(width: int, height: int, limits: InputLimits) -> Letterbox:
     h, w = choose_input_shape(width, height, limits)
-    if limits.fit == "stretch":  # the whole input, each axis scaled on its own
-        return Letterbox(width, height, w, h, w, h, 0, 0)
-    return plan_letterbox(width, height, h, w)
+    return plan_fit(width, height, h, w, limits.fit)
 
 
 def letterbox_into(src: U8Array, lb: Letterbox, dst: U8Array, pad_value: int) -> None:

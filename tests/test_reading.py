@@ -167,6 +167,7 @@ class DelayedRecogniser:
         self.delay_s = delay_s
         self.kind = inner.kind
         self.metadata = inner.metadata
+        self.max_width = inner.max_width
         self.runs = 0
 
     def run(self, x: Any) -> Any:
@@ -337,10 +338,17 @@ def test_end_to_end_strings_against_the_reference_on_real_photos(
     spec: ModelSpec, reader: TextReader, reference_read: list[tuple[np.ndarray, Any]]
 ) -> None:
     """Our boxes and our reading against the reference's boxes and strings, matched by
-    IoU >= 0.5 (edge_vision.agreement). The figure is under the issue's 90 %: every
-    difference measured is on the blurred YAMAHA lettering of the motorcycle photos, read
-    differently from boxes a few pixels apart, or a line the two detectors split
-    differently (docs/reading.md); on the same boxes the strings are the same (above)."""
+    IoU >= 0.5 (edge_vision.agreement), the reference at its own defaults (1312x736 for
+    a 16:9 frame), ours at 1280 with the default fit (a stretch: 1280x704).
+
+    Measured 23/26 (0.885), under the issue's 90 %: every difference is on the blurred
+    YAMAHA lettering of the motorcycle photos, read differently from corners a pixel or
+    so apart, to which the recogniser is sensitive. On the same boxes the strings are the
+    same (above). Two geometric causes were found (docs/reading.md): the crop's corners
+    were not whole pixels as the reference's are (fixed: crop_quad rounds them), and the
+    DB head's unclip gives rotated rectangles up to a pixel off the reference's (Clipper's
+    integer offset polygon), which a prototype of an integer offset in post.py takes to
+    27/28 at the same input size; and here the two detectors do not see the same input."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -370,7 +378,7 @@ def test_end_to_end_strings_against_the_reference_on_real_photos(
         assert len(taken) == agreement.matched
     print(f"\nend to end: {same}/{total} matched boxes read alike; differ: {wrong}")
     assert total >= 15
-    assert same / total >= 0.7, wrong
+    assert same / total >= 0.85, wrong
 
 
 # -- the torch converter -------------------------------------------------------------------

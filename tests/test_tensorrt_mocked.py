@@ -7,10 +7,12 @@ calibrator → ``build_serialized_network``; ``deserialize_cuda_engine`` → nam
 ``set_input_shape`` → ``get_tensor_shape`` → ``set_tensor_address`` →
 ``execute_async_v3``), find, reuse, refuse and rebuild plans as the key says, feed the
 calibrator real frames, write plan + JSON + caches, degrade to ONNX Runtime on failure
-and free what they allocate. What it cannot prove: that real TensorRT behaves like this
-mock. The mock mirrors the signatures of the TensorRT 10.3 Python bindings
-(``python/src/infer/pyCore.cpp``), and its "plan" runs the input-adapted ONNX graph with
-ONNX Runtime, so outputs are real model outputs.
+and free what they allocate; and that the text recogniser gets its own plan, built the
+same way (its profile, its key beside the detector's, strings equal to ONNX Runtime's,
+ONNX Runtime with a log line when TensorRT is absent). What it cannot prove: that real
+TensorRT behaves like this mock. The mock mirrors the signatures of the TensorRT 10.3
+Python bindings (``python/src/infer/pyCore.cpp``), and its "plan" runs the input-adapted
+ONNX graph with ONNX Runtime, so outputs are real model outputs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
+import logging
 import sys
 import threading
 import types
@@ -34,16 +37,27 @@ import onnxruntime as ort
 import pytest
 
 from edge_vision.cli import main
+from edge_vision.config import Config
 from edge_vision.cuda.base import CudaEvent, CudaRuntime, CudaStream, DeviceBuffer, PinnedBuffer
 from edge_vision.engines import create_engine, gpu_base
 from edge_vision.engines.tensorrt import build as trt_build
 from edge_vision.engines.tensorrt import library as trt_library
+from edge_vision.engines.tensorrt import recogniser as trt_recogniser
 from edge_vision.errors import EngineError
 from edge_vision.infer import InferenceService
 from edge_vision.models import ModelSpec
 from edge_vision.pipeline import FramePipeline, FrameSettings
+from edge_vision.read import (
+    OnnxRuntimeRecogniser,
+    ReadStage,
+    TextReader,
+    _sample_crops,
+    default_recogniser_path,
+    load_recogniser,
+    recogniser_batches,
+)
 from edge_vision.receive import FrameMessage
-from edge_vision.shape import letterbox_into, plan_letterbox
+from edge_vision.shape import letterbox_into, plan_for_frame
 
 from .support.images import text_scene
 from .support.server import make_config
@@ -185,14 +199,24 @@ def make_mock_tensorrt(state: MockState) -> types.ModuleType:
     trt.BuilderFlag = enum("FP16", "INT8", "GPU_FALLBACK")  # type: ignore[attr-defined]
     trt.DeviceType = enum("GPU", "DLA")  # type: ignore[attr-defined]
     trt.TensorIOMode = enum("INPUT", "OUTPUT")  # type: ignore[attr-defined]
-    DataType = enum("UINT8", "FLOAT", "HALF")
+    DataType = enum("UINT8", "FLOAT", "HALF", "INT32")
     trt.DataType = DataType  # type: ignore[attr-defined]
     ErrorCode = enum("UNSUPPORTED_NODE")
+    numpy_types = {
+        DataType.UINT8: np.uint8,
+        DataType.FLOAT: np.float32,
+        DataType.HALF: np.float16,
+        DataType.INT32: np.int32,
+    }
+    # The plan's tensor types: those of the parsed ONNX graph's inputs and outputs.
+    onnx_types = {
+        onnx.TensorProto.UINT8: DataType.UINT8,
+        onnx.TensorProto.FLOAT: DataType.FLOAT,
+        onnx.TensorProto.INT32: DataType.INT32,
+    }
 
     def nptype(dtype: Any) -> Any:
-        return {DataType.UINT8: np.uint8, DataType.FLOAT: np.float32, DataType.HALF: np.float16}[
-            dtype
-        ]
+        return numpy_types[dtype]
 
     trt.nptype = nptype  # type: ignore[attr-defined]
 
@@ -425,6 +449,11 @@ def make_mock_tensorrt(state: MockState) -> types.ModuleType:
             opts.intra_op_num_threads = 2
             self.session = ort.InferenceSession(model, opts, ["CPUExecutionProvider"])
             self.names = [header["input"], *header["outputs"]]
+            graph = onnx.load_from_string(model).graph
+            self.dtypes = {
+                v.name: onnx_types[v.type.tensor_type.elem_type]
+                for v in (*graph.input, *graph.output)
+            }
             self._out_shapes: dict[tuple[int, ...], dict[str, tuple[int, ...]]] = {}
             self._lock = threading.Lock()
 
@@ -440,7 +469,10 @@ def make_mock_tensorrt(state: MockState) -> types.ModuleType:
             return io.INPUT if name == self.header["input"] else io.OUTPUT
 
         def get_tensor_dtype(self, name: str) -> Any:
-            return DataType.UINT8 if name == self.header["input"] else DataType.FLOAT
+            return self.dtypes[name]
+
+        def input_dtype(self) -> np.dtype[Any]:
+            return np.dtype(numpy_types[self.dtypes[self.header["input"]]])
 
         def get_tensor_profile_shape(self, name: str, index: int) -> list[list[int]]:
             assert name == self.header["input"] and index == 0
@@ -452,7 +484,8 @@ def make_mock_tensorrt(state: MockState) -> types.ModuleType:
         def output_shapes(self, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
             with self._lock:  # "shape inference": run once per input shape
                 if shape not in self._out_shapes:
-                    outs = self.session.run(None, {self.header["input"]: np.zeros(shape, np.uint8)})
+                    zeros = np.zeros(shape, self.input_dtype())
+                    outs = self.session.run(None, {self.header["input"]: zeros})
                     self._out_shapes[shape] = {
                         n: o.shape for n, o in zip(self.header["outputs"], outs, strict=True)
                     }
@@ -485,12 +518,14 @@ def make_mock_tensorrt(state: MockState) -> types.ModuleType:
         def execute_async_v3(self, stream_handle: int) -> bool:
             if state.fail_execute or self.shape is None:
                 return False
-            x = _read(self.addresses[self.engine.header["input"]], int(np.prod(self.shape)))
+            dtype = self.engine.input_dtype()
+            nbytes = int(np.prod(self.shape)) * dtype.itemsize
+            x = _read(self.addresses[self.engine.header["input"]], nbytes).view(dtype)
             outs = self.engine.session.run(
                 None, {self.engine.header["input"]: x.reshape(self.shape)}
             )
             for out_name, out in zip(self.engine.header["outputs"], outs, strict=True):
-                data = np.ascontiguousarray(out, np.float32)
+                data = np.ascontiguousarray(out)  # in the plan's output type
                 ctypes.memmove(self.addresses[out_name], data.ctypes.data, data.nbytes)
             state.executions += 1
             return True
@@ -528,7 +563,7 @@ def mock_trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[MockState, types
     monkeypatch.setitem(sys.modules, "tensorrt", module)
     monkeypatch.setattr(trt_library, "_LOGGER", None)  # the logger class is per module
     monkeypatch.setattr(trt_build, "_BUILD_FAILURES", {})
-    for opener in (trt_build, gpu_base):  # plan builds, the engine's start
+    for opener in (trt_build, gpu_base, trt_recogniser):  # builds, engine and recogniser starts
         monkeypatch.setattr(opener, "open_runtime", lambda *a, **k: MockCudaRuntime(state))
     yield state, module
 
@@ -541,7 +576,7 @@ def trt_config(engine_dir: Path, **tensorrt: Any) -> Any:
                 "fallback": "none",
                 "max_batch": 4,  # the plan's profile: batches of 1..4
                 "in_flight": 2,
-                "warmup_shapes": [[384, 640]],
+                "warmup_shapes": [[720, 1280]],  # a 16:9 camera: input 352x640
                 "retry_primary_s": 0,
                 "tensorrt": {"engine_dir": str(engine_dir), **tensorrt},
             }
@@ -586,11 +621,12 @@ async def test_mock_tensorrt_engine_builds_once_then_reuses_its_plan_and_matches
     try:
         assert engine.max_batch == 4 and len(state.builds) == 1
         assert state.builds[0]["flags"] == ["FP16"]
-        assert state.builds[0]["profile"] == ((1, 32, 32, 3), (4, 384, 640, 3), (4, 640, 640, 3))
-        await engine.prepare([(384, 640), (640, 384)])
+        # Tuned (OPT) for a 16:9 frame's input as the default model's stretch picks it.
+        assert state.builds[0]["profile"] == ((1, 32, 32, 3), (4, 352, 640, 3), (4, 640, 640, 3))
+        await engine.prepare([(352, 640), (640, 352)])
         rng = np.random.default_rng(5)
-        wide = [rng.integers(0, 256, (384, 640, 3), dtype=np.uint8) for _ in range(2)]
-        tall = [rng.integers(0, 256, (640, 384, 3), dtype=np.uint8)]
+        wide = [rng.integers(0, 256, (352, 640, 3), dtype=np.uint8) for _ in range(2)]
+        tall = [rng.integers(0, 256, (640, 352, 3), dtype=np.uint8)]
         # Two batches at once: one per slot, each with its own context and buffers.
         got_wide, got_tall = await _gather(engine.infer(wide), engine.infer(tall))
         description = engine.describe()
@@ -766,12 +802,16 @@ def test_mock_tensorrt_build_engine_calibrates_int8_on_real_frames_and_reuses_it
     out = capsys.readouterr().out
     assert out.startswith("built ") and "record: " in out
     build = state.builds[0]
-    assert build["flags"] == ["FP16", "INT8"] and build["calibration_shape"] == (4, 384, 640, 3)
-    # 9 frames at batch 4: two full batches of real letterboxed frames, the rest dropped.
-    assert [b.shape for b in state.calibration_batches] == [(4, 384, 640, 3)] * 2
+    # The profile's OPT: a 16:9 frame's input with the default model's stretch.
+    assert build["flags"] == ["FP16", "INT8"] and build["calibration_shape"] == (4, 352, 640, 3)
+    # 9 frames at batch 4: two full batches of real frames fitted as serving fits them
+    # (stretched to fill the input), the rest dropped.
+    assert [b.shape for b in state.calibration_batches] == [(4, 352, 640, 3)] * 2
     first = cv2.imread(str(tmp_path / "frames" / "frame_0.png"))
-    expected = np.empty((384, 640, 3), np.uint8)
-    letterbox_into(first, plan_letterbox(480, 270, 384, 640), expected, spec.pad_value)
+    expected = np.empty((352, 640, 3), np.uint8)
+    served = plan_for_frame(480, 270, spec.limits)
+    assert served.shape == (352, 640) and spec.limits.fit == "stretch"
+    letterbox_into(first, served, expected, spec.pad_value)
     np.testing.assert_array_equal(state.calibration_batches[0][0], expected)
     record = json.loads(next(engines.glob("*.json")).read_text())
     assert record["calibration"]["frames_used"] == 8
@@ -828,6 +868,144 @@ async def test_mock_tensorrt_dla_plan_loads_on_its_core_and_pads_batches(
     assert state.runtime_dla_cores == [0]
     assert state.builds[0]["profile"] == ((2, 640, 640, 3),) * 3
     assert out[0].shape == (1, 1, 640, 640)
+
+
+# ---------------------------------------------------------------------------------------
+# The recogniser's plan (edge_vision.engines.tensorrt.recogniser): the mock "plan" runs the
+# recogniser with its arg-max appended on ONNX Runtime, so the strings read are real ones.
+
+
+def reading_config(engine_dir: Path, **read: Any) -> Config:
+    return make_config(
+        {
+            "engine": {"kind": "tensorrt", "tensorrt": {"engine_dir": str(engine_dir)}},
+            "read": {"max_width": 960, **read},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def cpu_reader() -> TextReader:
+    return TextReader(OnnxRuntimeRecogniser(default_recogniser_path(), threads=2))
+
+
+def test_mock_tensorrt_recogniser_builds_a_second_plan_and_reads_as_onnx_runtime_does(
+    mock_trt: tuple[MockState, types.ModuleType], tmp_path: Path, cpu_reader: TextReader
+) -> None:
+    state, _ = mock_trt
+    cfg = reading_config(tmp_path)
+    rec = load_recogniser(None, "tensorrt", config=cfg)
+    try:
+        assert isinstance(rec, trt_recogniser.TensorRTRecogniser)
+        (build,) = state.builds
+        # NCHW float32 crops: batches 1..6 (read.batch), height 48, widths 320..960.
+        assert build["profile"] == ((1, 3, 48, 320), (6, 3, 48, 320), (6, 3, 48, 960))
+        assert build["flags"] == ["FP16"]  # engine.tensorrt.precision fp16 (the default)
+        assert rec.describe()["built_now"] is True and rec.max_width == 960
+        crops = _sample_crops(np.random.default_rng(3), 8)
+        got = TextReader(rec).read_crops(crops)
+        want = cpu_reader.read_crops(crops)
+        assert [g.text for g in got] == [w.text for w in want]
+        assert got[0].text.startswith("LOT ")
+        np.testing.assert_allclose([g.score for g in got], [w.score for w in want], atol=1e-5)
+        # Only the arg-max and its probability come back: two [N, T] arrays.
+        x = recogniser_batches(crops, 6)[0][1]
+        idx, prob = rec.run(x)
+        assert idx.shape == prob.shape == (6, x.shape[3] // 8) and idx.dtype == np.int64
+    finally:
+        rec.close()
+    assert state.open_buffers == 0  # close() freed every device and pinned buffer
+    files = listing(tmp_path)
+    plans = [f for f in files if f.endswith(".plan")]
+    assert len(plans) == 1 and plans[0].startswith("pp-ocrv6-rec-small-fp16-nvidia-mockgpu-")
+
+    again = load_recogniser(None, "tensorrt", config=cfg)
+    try:
+        assert isinstance(again, trt_recogniser.TensorRTRecogniser)
+        assert again.describe()["built_now"] is False and again.describe()["plan"] == plans[0]
+    finally:
+        again.close()
+    assert len(state.builds) == 1  # found again by its key, not rebuilt
+
+
+async def test_mock_tensorrt_recogniser_plan_lives_beside_the_detector_s_with_its_own_key(
+    mock_trt: tuple[MockState, types.ModuleType], tmp_path: Path, spec: ModelSpec
+) -> None:
+    state, _ = mock_trt
+    await start_and_close(spec, tmp_path)  # the detector's plan
+    cfg = reading_config(tmp_path)
+    cfg.engine.tensorrt.precision = "fp32"
+    rec = await asyncio.to_thread(load_recogniser, None, "tensorrt", config=cfg)
+    rec_key = rec.plan.key if isinstance(rec, trt_recogniser.TensorRTRecogniser) else None
+    if isinstance(rec, trt_recogniser.TensorRTRecogniser):
+        rec.close()
+    assert rec_key is not None and rec_key.precision == "fp32"
+    assert state.builds[1]["flags"] == []  # an FP32 plan: no FP16 flag
+    files = await asyncio.to_thread(listing, tmp_path)
+    assert sum(f.endswith(".plan") for f in files) == 2
+    assert sum(f.endswith(".json") for f in files) == 2
+    # One timing cache for the GPU and TensorRT version, shared by both builds.
+    assert [f for f in files if f.startswith("timing-")] == [
+        "timing-nvidia-mockgpu-sm_90-trt10-3-0.cache"
+    ]
+    assert state.timing_caches_given[1].startswith(b"TC:")
+
+
+def test_mock_tensorrt_recogniser_squeezes_a_crop_wider_than_its_profile(
+    mock_trt: tuple[MockState, types.ModuleType], tmp_path: Path
+) -> None:
+    rec = load_recogniser(None, "tensorrt", config=reading_config(tmp_path, max_width=640))
+    try:
+        line = np.full((20, 1200, 3), 230, np.uint8)  # 60:1, 2880 px wide at height 48
+        (batch,) = recogniser_batches([line], 6, max_width=rec.max_width)
+        assert batch[1].shape == (1, 3, 48, 640)
+        (read,) = TextReader(rec).read_crops([line])  # runs inside the profile
+        assert read.text == ""
+        with pytest.raises(Exception, match="outside the TensorRT profile"):
+            rec.run(np.zeros((1, 3, 48, 704), np.float32))
+    finally:
+        rec.close()
+
+
+async def test_mock_tensorrt_read_stage_follows_engine_kind_and_a_failed_run_sends_boxes_unread(
+    mock_trt: tuple[MockState, types.ModuleType], tmp_path: Path
+) -> None:
+    state, _ = mock_trt
+    stage = ReadStage(reading_config(tmp_path))
+    assert stage.engine_kind == "tensorrt"  # read.engine: auto follows engine.kind
+    try:
+        reader = await stage.reader()
+        assert reader.recogniser.kind == "tensorrt"
+        image = np.full((120, 400, 3), 235, np.uint8)
+        import cv2
+
+        cv2.putText(image, "K4 77", (20, 80), cv2.FONT_HERSHEY_SIMPLEX, 1.6, (20, 20, 20), 3)
+        dets = np.array([[10, 30, 200, 100, 0.9, 0]], np.float32)
+        reading = stage.session()
+        (text,) = await stage.read(
+            reading, dets, None, 0.0, lambda: (image, lambda: None), wait=True
+        )
+        assert text is not None and text.text.replace(" ", "") == "K477"
+        state.fail_execute = True  # the GPU goes away: the boxes still go, unread
+        later = dets.copy()
+        later[0, 2] = 380  # a box much wider: read again
+        (gone,) = await stage.read(
+            reading, later, None, 1.0, lambda: (image, lambda: None), wait=True
+        )
+        assert stage.failures == 1 and gone is not None and gone.text == text.text  # carried
+    finally:
+        await stage.close()
+
+
+def test_mock_tensorrt_absent_the_recogniser_falls_back_to_onnx_runtime_with_a_log_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt raises ImportError
+    with caplog.at_level(logging.WARNING, logger="edge_vision.read"):
+        rec = load_recogniser(None, "tensorrt", threads=1, config=reading_config(tmp_path))
+    assert isinstance(rec, OnnxRuntimeRecogniser)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "edge_vision.read"]
+    assert "runs on ONNX Runtime on the CPU" in line and "TensorRT's Python bindings" in line
 
 
 async def _gather(*aws: Any) -> list[Any]:

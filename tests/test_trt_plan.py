@@ -31,13 +31,17 @@ from edge_vision.shape import (
     choose_input_shape,
     letterbox_into,
     normalise_into,
+    plan_for_frame,
     plan_letterbox,
     side_range,
 )
 
 from .support.video import read_video, write_image_folder, write_text_clip
 
-LIMITS = InputLimits()  # the default model's: target 640, stride 32, sides 32..1280
+# The default model's: target 640, stride 32, sides 32..1280, stretched as PP-OCR's own
+# pre-processing does (models.PRESET_FIT, model.fit: preset).
+LIMITS = InputLimits(fit="stretch")
+LETTERBOX = InputLimits(fit="letterbox")
 ADAPTER = plan.InputAdapter("NHWC uint8 BGR", (127.5,) * 3, (127.5,) * 3, False)
 
 
@@ -60,7 +64,12 @@ def make_key(**changes: object) -> plan.PlanKey:
 
 
 def test_every_shape_the_server_picks_lies_inside_the_derived_profile() -> None:
-    for limits in (LIMITS, InputLimits(960, 32, 320, 960), InputLimits(640, 64, 100, 1000)):
+    for limits in (
+        LIMITS,
+        LETTERBOX,
+        InputLimits(960, 32, 320, 960),
+        InputLimits(640, 64, 100, 1000, "stretch"),
+    ):
         profile = plan.derive_profile(limits, 8)
         sizes = [
             (w, h) for w in (1, 17, 320, 640, 1279, 1920, 4000) for h in (1, 33, 480, 1080, 3000)
@@ -73,10 +82,18 @@ def test_every_shape_the_server_picks_lies_inside_the_derived_profile() -> None:
         assert min(min(s) for s in seen) == lo and max(max(s) for s in seen) == hi
 
 
-def test_default_profile_spans_batch_one_to_max_and_is_tuned_for_a_16_9_frame() -> None:
+def test_default_profile_spans_batch_one_to_max_and_is_tuned_for_a_16_9_frame(
+    spec: ModelSpec,
+) -> None:
+    assert spec.limits == LIMITS  # the default config's model, as serving loads it
     profile = plan.derive_profile(LIMITS, 4)
     # Sides stop at the target (640): no frame is ever scaled past it, whatever max_side says.
-    assert profile.shapes() == ((1, 32, 32, 3), (4, 384, 640, 3), (4, 640, 640, 3))
+    # OPT is what serving picks for a 16:9 frame: 1080 * 640/1920 = 360 rounded to the
+    # nearest multiple of 32 (stretch) is 352; a letterbox rounds up, to 384.
+    assert profile.shapes() == ((1, 32, 32, 3), (4, 352, 640, 3), (4, 640, 640, 3))
+    assert choose_input_shape(1280, 720, LIMITS) == (352, 640)
+    boxed = plan.derive_profile(LETTERBOX, 4)
+    assert boxed.shapes() == ((1, 32, 32, 3), (4, 384, 640, 3), (4, 640, 640, 3))
     tuned = plan.derive_profile(LIMITS, 4, opt_batch=1, opt_shape=(640, 384))
     assert tuned.shapes()[1] == (1, 640, 384, 3)
 
@@ -118,8 +135,10 @@ def test_a_batch_outside_the_profile_is_an_engine_error_that_says_rebuild() -> N
 
 def test_calibration_runs_at_the_profile_opt_sides_with_a_batch_the_profile_allows() -> None:
     profile = plan.derive_profile(LIMITS, 4)
-    assert plan.calibration_shape(profile, 8) == (4, 384, 640)
-    assert plan.calibration_shape(profile, 2) == (2, 384, 640)
+    assert plan.calibration_shape(profile, 8) == (4, 352, 640)
+    assert plan.calibration_shape(profile, 2) == (2, 352, 640)
+    boxed = plan.derive_profile(LETTERBOX, 4)
+    assert plan.calibration_shape(boxed, 8) == (4, 384, 640)
     dla = plan.derive_profile(InputLimits(640, 32, 640, 640), 2, dla=True)
     assert plan.calibration_shape(dla, 1) == (2, 640, 640)
 
@@ -173,6 +192,11 @@ def test_calibration_cache_is_shared_across_gpus_and_profiles_not_across_frames(
     assert plan.calibration_cache_path(tmp_path, gpu, tmp_path / "frames", 256, shape) == a
     assert plan.calibration_cache_path(tmp_path, make_key(), tmp_path / "other", 256, shape) != a
     assert plan.calibration_cache_path(tmp_path, make_key(), tmp_path / "frames", 64, shape) != a
+    # A stretched frame is another picture than a letterboxed one: another cache.
+    stretched = plan.calibration_cache_path(
+        tmp_path, make_key(), tmp_path / "frames", 256, shape, "stretch"
+    )
+    assert stretched != a
 
 
 # -- lookup, record, atomic writes ----------------------------------------------------------
@@ -345,22 +369,31 @@ def letterboxed(img: np.ndarray, h: int, w: int, pad: int) -> np.ndarray:
     return out
 
 
-def test_calibration_frames_from_an_image_folder_are_letterboxed_as_serving_does(
+def test_calibration_frames_from_an_image_folder_are_fitted_as_serving_does(
     tmp_path: Path,
 ) -> None:
     import cv2
 
     write_image_folder(tmp_path / "frames", 480, 270, frames=6)
-    got = list(plan.calibration_frames(tmp_path / "frames", 384, 640, 0, limit=4))
-    assert len(got) == 4 and all(g.shape == (384, 640, 3) for g in got)
     first = cv2.imread(str(tmp_path / "frames" / "frame_0.png"))
+    got = list(plan.calibration_frames(tmp_path / "frames", 384, 640, 0, 4, fit="letterbox"))
+    assert len(got) == 4 and all(g.shape == (384, 640, 3) for g in got)
     np.testing.assert_array_equal(got[0], letterboxed(first, 384, 640, 0))
+    # The default model stretches: the frame fills the whole input, as serving's plan says.
+    got = list(plan.calibration_frames(tmp_path / "frames", 352, 640, 0, 4, fit="stretch"))
+    assert len(got) == 4 and all(g.shape == (352, 640, 3) for g in got)
+    served = plan_for_frame(480, 270, dataclasses.replace(LIMITS, target=640))
+    assert served.shape == (352, 640) and (served.pad_x, served.pad_y) == (0, 0)
+    expected = np.empty((352, 640, 3), np.uint8)
+    letterbox_into(first, served, expected, 0)
+    np.testing.assert_array_equal(got[0], expected)
+    assert not np.array_equal(got[0][:16], np.zeros_like(got[0][:16]))  # no padding rows
 
 
 def test_calibration_frames_sample_a_long_video_evenly(tmp_path: Path) -> None:
     clip = write_text_clip(tmp_path / "clip.mp4", 640, 360, frames=48)
     frames, _ = read_video(clip.path)
-    got = list(plan.calibration_frames(clip.path, 384, 640, 114, limit=12))
+    got = list(plan.calibration_frames(clip.path, 384, 640, 114, limit=12, fit="letterbox"))
     assert len(got) == 12
     for k, g in enumerate(got):  # every 4th frame: 0, 4, 8, ...
         np.testing.assert_array_equal(g, letterboxed(frames[4 * k], 384, 640, 114))
@@ -368,7 +401,7 @@ def test_calibration_frames_sample_a_long_video_evenly(tmp_path: Path) -> None:
 
 def test_a_missing_calibration_source_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"calibration_source.*no such file"):
-        next(plan.calibration_frames(tmp_path / "nope", 384, 640, 0, 8))
+        next(plan.calibration_frames(tmp_path / "nope", 352, 640, 0, 8, fit="stretch"))
 
 
 def test_build_settings_tensorrt_would_reject_are_refused_first(tmp_path: Path) -> None:
@@ -409,6 +442,51 @@ def test_the_uint8_input_adapter_computes_what_normalise_into_does(
     got = new_sess.run(None, {plan.UINT8_INPUT_NAME: np.stack(frames)})[0]
     assert got.shape == ref.shape == (2, 1, 384, 640)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_the_recogniser_profile_is_nchw_at_height_48_from_the_nominal_width() -> None:
+    profile = plan.recogniser_profile(6, 2560)
+    assert profile.shapes() == ((1, 3, 48, 320), (6, 3, 48, 320), (6, 3, 48, 2560))
+    assert profile.as_json()["max"] == [6, 3, 48, 2560]
+    again = plan.ShapeProfile.from_shapes(*profile.shapes(), "NCHW")
+    assert again == profile
+    profile.check(6, 48, 2560)
+    with pytest.raises(EngineError, match="outside the TensorRT profile"):
+        profile.check(1, 48, 2592)
+    with pytest.raises(EngineError, match="outside the TensorRT profile"):
+        profile.check(7, 48, 320)
+    with pytest.raises(ConfigError, match=r"read\.max_width must be >= 320"):
+        plan.recogniser_profile(6, 300)
+    # Another key than the detector's: the layout shows in the profile's shapes.
+    det = make_key()
+    rec = dataclasses.replace(det, profile=profile)
+    assert rec.digest != det.digest and rec.fields()["profile"]["opt"] == [6, 3, 48, 320]
+
+
+def test_the_recogniser_graph_with_its_arg_max_gives_what_onnx_runtime_s_recogniser_does() -> None:
+    from edge_vision.read import (
+        OnnxRuntimeRecogniser,
+        _sample_crops,
+        default_recogniser_path,
+        recogniser_batches,
+    )
+
+    path = default_recogniser_path()
+    original = onnx.load(str(path))
+    wrapped = plan.append_argmax(original)
+    onnx.checker.check_model(wrapped)
+    assert [o.name for o in wrapped.graph.output] == [plan.ARGMAX_OUTPUT, plan.MAX_OUTPUT]
+    assert len(original.graph.output) == 1  # original untouched
+    x = recogniser_batches(_sample_crops(np.random.default_rng(1), 4), 6)[0][1]
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    sess = ort.InferenceSession(wrapped.SerializeToString(), opts, ["CPUExecutionProvider"])
+    idx, best = sess.run(None, {"x": x})
+    assert idx.dtype == np.int32 and best.dtype == np.float32
+    want_idx, want_best = OnnxRuntimeRecogniser(path, threads=2).run(x)
+    assert idx.shape == want_idx.shape == (4, x.shape[3] // 8)
+    np.testing.assert_array_equal(idx, want_idx)
+    np.testing.assert_allclose(best, want_best, rtol=1e-6)
 
 
 def test_the_adapter_keeps_static_dims_and_refuses_a_missing_input(spec: ModelSpec) -> None:

@@ -46,7 +46,7 @@ def _config(decode_device: str, **engine: Any) -> Config:
         "max_batch": 16,
         "in_flight": 3,
         "cuda_backend": "cuda-python",
-        "warmup_shapes": [[384, 640]],
+        "warmup_shapes": [[720, 1280]],  # a 16:9 camera frame
         "torch": {"device": "cuda:0", "fp16": True, "cuda_graphs": True},
     }
     base.update(engine)

@@ -30,7 +30,7 @@ def _gpu_config(backend: str, **engine: Any) -> Config:
         "max_batch": 8,
         "in_flight": 3,
         "cuda_backend": backend,
-        "warmup_shapes": [[384, 640]],
+        "warmup_shapes": [[720, 1280]],  # a 16:9 camera frame
         "torch": {"device": "cuda:0", "fp16": True, "cuda_graphs": True},
     }
     base.update(engine)

@@ -102,9 +102,25 @@ def test_a_tall_crop_is_turned_to_read_as_a_line() -> None:
     assert crop.shape[:2] == (20, 100)
 
 
+def test_corners_are_cropped_at_whole_pixels_as_the_reference_rounds_its_polygons() -> None:
+    rng = np.random.default_rng(4)
+    img = rng.integers(0, 256, (120, 200, 3), dtype=np.uint8)
+    exact = np.array(
+        [[688.2 - 640, 69.2], [768.7 - 640, 53.8], [774.1 - 640, 83.2], [693.5 - 640, 98.6]]
+    )
+    rounded = np.round(exact)  # 48, 69 / 129, 54 / 134, 83 / 54, 99: half to even
+    np.testing.assert_array_equal(crop_quad(img, exact), crop_quad(img, rounded))
+    nudged = rounded + 0.3  # a third of a pixel off: another crop before rounding
+    np.testing.assert_array_equal(crop_quad(img, nudged), crop_quad(img, rounded))
+    assert not np.array_equal(crop_quad(img, rounded + 1.0), crop_quad(img, rounded))
+
+
 def test_a_batch_is_as_wide_as_its_widest_crop_and_never_under_320() -> None:
     assert batch_width([2.0, 3.0]) == 320
     assert batch_width([2.0, 10.0]) == 480
+    # ... and never over a TensorRT profile's widest: a wider crop is squeezed into it
+    assert batch_width([2.0, 80.0], max_width=2560) == 2560
+    assert batch_width([2.0, 10.0], max_width=2560) == 480
 
 
 def test_resize_keeps_the_aspect_ratio_and_pads_with_zero() -> None:

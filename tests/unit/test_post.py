@@ -19,7 +19,7 @@ from edge_vision.post import (
     nms,
     pick_head_name,
 )
-from edge_vision.shape import plan_letterbox
+from edge_vision.shape import InputLimits, plan_for_frame, plan_letterbox
 
 # A 1280x720 frame letterboxed into 640x384: scale 0.5, 12 px top padding.
 LB = plan_letterbox(1280, 720, 384, 640)
@@ -48,6 +48,20 @@ def test_dbnet_finds_a_text_blob_and_maps_it_to_frame_pixels() -> None:
     assert score == pytest.approx(0.853, abs=0.005)
     # kernel in frame pixels: x 200..600, y 200..240; unclip grows it by a few px per side
     assert 170 < x1 < 200 and 600 < x2 < 630 and 170 < y1 < 200 and 240 < y2 < 270
+
+
+def test_dbnet_maps_a_stretched_input_back_per_axis() -> None:
+    # The default model's fit: a 1280x720 frame stretched to fill 640x352 (x by 0.5, y by
+    # 352/720, no padding), as the reference pipeline feeds it.
+    lb = plan_for_frame(1280, 720, InputLimits(fit="stretch"))
+    assert lb.shape == (352, 640) and (lb.pad_x, lb.pad_y) == (0, 0)
+    prob = np.zeros((1, 352, 640), np.float32)
+    prob[0, 110:130, 100:300] = 0.9
+    dets = DbnetHead(unclip_ratio=1.5).decode([prob], lb, confidence=0.5)
+    assert dets.shape == (1, 6)
+    x1, y1, x2, y2 = dets[0, :4]
+    # kernel in frame pixels: x 200..600, y 110/0.489=225..266; unclip grows it a little
+    assert 170 < x1 < 200 and 600 < x2 < 630 and 190 < y1 < 225 and 266 < y2 < 300
 
 
 def test_dbnet_ignores_weak_blobs_and_padding() -> None:

@@ -11,12 +11,15 @@ from edge_vision.shape import (
     choose_input_shape,
     letterbox_into,
     normalise_into,
+    plan_fit,
     plan_for_frame,
     plan_letterbox,
     side_range,
 )
 
-LIM = InputLimits(target=640, stride=32, min_side=32, max_side=1280)
+LIM = InputLimits(target=640, stride=32, min_side=32, max_side=1280)  # letterbox (YOLO's)
+# The default text detector's (model.fit: preset → stretch, as PP-OCR's DetPreProcess).
+STRETCH = InputLimits(target=640, stride=32, min_side=32, max_side=1280, fit="stretch")
 
 
 @pytest.mark.parametrize(
@@ -33,6 +36,69 @@ LIM = InputLimits(target=640, stride=32, min_side=32, max_side=1280)
 )
 def test_choose_input_shape(w: int, h: int, expected: tuple[int, int]) -> None:
     assert choose_input_shape(w, h, LIM) == expected
+
+
+@pytest.mark.parametrize(
+    ("w", "h", "expected"),
+    [
+        # Each side to the *nearest* multiple of 32, the scaled side truncated first, as the
+        # reference does: 1080 * 640/1920 = 360 → 352 (a letterbox rounds up to 384).
+        (1920, 1080, (352, 640)),
+        (1280, 720, (352, 640)),
+        (640, 360, (352, 640)),
+        (640, 480, (480, 640)),
+        (1080, 1920, (640, 352)),  # portrait
+        (1000, 1000, (640, 640)),
+        (1000, 560, (352, 640)),  # 358.4 → 358 → 11.19 strides → 352
+        (1000, 580, (384, 640)),  # 371.2 → 371 → 11.59 strides → 384
+        (4000, 100, (32, 640)),  # clamped to min_side
+    ],
+)
+def test_choose_input_shape_stretch_rounds_to_the_nearest_stride(
+    w: int, h: int, expected: tuple[int, int]
+) -> None:
+    assert choose_input_shape(w, h, STRETCH) == expected
+
+
+def test_the_default_model_stretches_a_16_9_frame_to_fill_640x352() -> None:
+    from edge_vision.config import ModelConfig
+    from edge_vision.models import load_model_spec
+
+    spec = load_model_spec(ModelConfig())  # model.fit: preset, the PP-OCR detector
+    assert spec.limits == STRETCH
+    lb = plan_for_frame(1280, 720, spec.limits)
+    assert (lb.out_w, lb.out_h, lb.new_w, lb.new_h, lb.pad_x, lb.pad_y) == (
+        640,
+        352,
+        640,
+        352,
+        0,
+        0,
+    )
+    # letterbox stays available: model.fit: letterbox gives the padded 640x384
+    boxed = load_model_spec(ModelConfig(fit="letterbox"))
+    assert plan_for_frame(1280, 720, boxed.limits).shape == (384, 640)
+
+
+def test_stretch_maps_boxes_back_per_axis_exactly() -> None:
+    lb = plan_for_frame(1280, 720, STRETCH)  # x by 0.5, y by 352/720
+    boxes = np.array([[0, 0, 640, 352, 0.9, 0], [320, 176, 330, 187, 0.5, 1]], np.float32)
+    lb.to_frame(boxes)
+    np.testing.assert_allclose(boxes[0, :4], [0, 0, 1280, 720], rtol=1e-6)
+    np.testing.assert_allclose(boxes[1, :4], [640, 360, 660, 382.5], rtol=1e-6)
+
+
+def test_stretch_fills_the_whole_input_without_padding() -> None:
+    src = np.zeros((720, 1280, 3), np.uint8)
+    src[:, 640:] = 255
+    src[:8] = 90  # the top rows of the frame land in the top rows of the input
+    lb = plan_fit(1280, 720, 352, 640, "stretch")
+    assert lb == plan_for_frame(1280, 720, STRETCH)
+    dst = np.zeros((352, 640, 3), np.uint8)
+    letterbox_into(src, lb, dst, pad_value=114)
+    assert (dst == 114).sum() == 0  # nothing padded
+    assert dst[0, 100].max() == 90 and dst[200, 100].max() == 0 and dst[200, 500].min() == 255
+    assert plan_fit(1280, 720, 384, 640, "letterbox") == plan_letterbox(1280, 720, 384, 640)
 
 
 def test_shape_is_clamped_to_profile() -> None:

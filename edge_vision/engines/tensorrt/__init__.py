@@ -10,6 +10,8 @@
 * :mod:`.plan_store`: the key a plan depends on, its JSON record, lookup, atomic writes;
 * :mod:`.onnx_adapter`: the uint8 input adapter folded into the graph, parser errors;
 * :mod:`.calibration`: INT8 calibration frames and the TensorRT calibrator;
+* :mod:`.recogniser`: the text recogniser's plan (a second plan, built the same way) and
+  :class:`TensorRTRecogniser`, which :mod:`edge_vision.read` runs it with;
 * :mod:`.progress`: build progress as log lines (and systemd start-timeout extensions);
 * :mod:`.library`: the lazy import and the process's one TensorRT logger.
 
@@ -33,9 +35,12 @@ from .engine import TensorRTEngine
 from .library import import_tensorrt
 from .onnx_adapter import (
     ADAPTER_PREFIX,
+    ARGMAX_OUTPUT,
+    MAX_OUTPUT,
     UINT8_INPUT_NAME,
     ParserErrorInfo,
     adapter_node_count,
+    append_argmax,
     describe_parser_errors,
     wrap_uint8_input,
 )
@@ -57,11 +62,19 @@ from .plan_store import (
     write_cache_atomically,
     write_plan_atomically,
 )
-from .profile import ShapeProfile, calibration_shape, derive_profile, profile_for
+from .profile import (
+    ShapeProfile,
+    calibration_shape,
+    derive_profile,
+    profile_for,
+    recogniser_profile,
+)
 from .progress import BuildProgress, LogBuildProgress
 
 __all__ = [
     "ADAPTER_PREFIX",
+    "ARGMAX_OUTPUT",
+    "MAX_OUTPUT",
     "RECORD_FORMAT",
     "UINT8_INPUT_NAME",
     "BuildProgress",
@@ -76,6 +89,7 @@ __all__ = [
     "ShapeProfile",
     "TensorRTEngine",
     "adapter_node_count",
+    "append_argmax",
     "build_for_config",
     "build_lock",
     "build_plan",
@@ -95,6 +109,7 @@ __all__ = [
     "plan_paths",
     "profile_for",
     "rebuild_command",
+    "recogniser_profile",
     "refusal_message",
     "timing_cache_path",
     "validate_build_settings",

@@ -133,6 +133,60 @@ def _parser_errors(parser: Any) -> list[ParserErrorInfo]:
     return errors
 
 
+def parse_network(
+    trt: Any, model_bytes: bytes, path: Path, adapter_nodes: int, input_name: str
+) -> tuple[Any, Any, Any]:
+    """``(builder, network, parser)`` with ``model_bytes`` parsed; EngineError naming the
+    failing nodes when the parser rejects it, or when its one input is not ``input_name``.
+    The parser is returned because the network refers to weights it holds."""
+    logger = trt_logger(trt)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)  # TensorRT 10: networks are always explicit-batch
+    parser = trt.OnnxParser(network, logger)
+    # ``path`` lets the parser find external weights next to the original model file.
+    if not parser.parse(model_bytes, str(path)):
+        raise EngineError(describe_parser_errors(path, _parser_errors(parser), adapter_nodes))
+    if network.num_inputs != 1 or network.get_input(0).name != input_name:
+        raise EngineError(f"the parsed network's input is not {input_name!r}; cannot build {path}")
+    return builder, network, parser
+
+
+def builder_config(
+    trt: Any, builder: Any, key: PlanKey, input_name: str, workspace_mib: int
+) -> Any:
+    """A builder config with the workspace limit and ``key``'s optimisation profile."""
+    bconfig = builder.create_builder_config()
+    bconfig.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mib << 20)
+    profile = builder.create_optimization_profile()
+    lo, opt, hi = key.profile.shapes()
+    profile.set_shape(input_name, lo, opt, hi)
+    if bconfig.add_optimization_profile(profile) < 0:
+        raise EngineError(f"TensorRT refused the optimisation profile {key.profile.as_json()}")
+    return bconfig
+
+
+def use_timing_cache(bconfig: Any, cache_path: Path) -> Path:
+    """Give the build the timing cache at ``cache_path`` (a new one when it is missing or
+    was made on another device or version); returns the path to save it to."""
+    cache_bytes = cache_path.read_bytes() if cache_path.is_file() else b""
+    timing_cache = bconfig.create_timing_cache(cache_bytes)
+    if timing_cache is None or not bconfig.set_timing_cache(timing_cache, False):
+        log.warning(
+            "timing cache %s was made on another device or version; starting anew", cache_path
+        )
+        timing_cache = bconfig.create_timing_cache(b"")
+        bconfig.set_timing_cache(timing_cache, False)
+    elif cache_bytes:
+        log.info("reusing timing cache %s", cache_path)
+    return cache_path
+
+
+def save_timing_cache(bconfig: Any, cache_path: Path) -> None:
+    built = bconfig.get_timing_cache()
+    if built is not None:
+        write_cache_atomically(cache_path, memoryview(built.serialize()).tobytes())
+
+
 @dataclass
 class BuildResult:
     plan: bytes
@@ -156,32 +210,13 @@ def build_plan(
     """
     tcfg = config.engine.tensorrt
     validate_build_settings(tcfg.precision, tcfg.dla_core, tcfg.calibration_source)
-    logger = trt_logger(trt)
     mark = SINK.mark()
     t0 = time.perf_counter()
     rt.bind_thread()
     model_bytes = _wrapped_model_bytes(spec)
-
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)  # TensorRT 10: networks are always explicit-batch
-    parser = trt.OnnxParser(network, logger)
-    # ``path`` lets the parser find external weights next to the original model file.
-    if not parser.parse(model_bytes, str(spec.path)):
-        raise EngineError(
-            describe_parser_errors(
-                spec.path, _parser_errors(parser), adapter_node_count(spec.normalisation)
-            )
-        )
-    if network.num_inputs != 1 or network.get_input(0).name != INPUT:
-        raise EngineError(f"the parsed network's input is not {INPUT!r}; cannot build {spec.path}")
-
-    bconfig = builder.create_builder_config()
-    bconfig.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, tcfg.workspace_mib << 20)
-    profile = builder.create_optimization_profile()
-    lo, opt, hi = key.profile.shapes()
-    profile.set_shape(INPUT, lo, opt, hi)
-    if bconfig.add_optimization_profile(profile) < 0:
-        raise EngineError(f"TensorRT refused the optimisation profile {key.profile.as_json()}")
+    adapter_nodes = adapter_node_count(spec.normalisation)
+    builder, network, _parser = parse_network(trt, model_bytes, spec.path, adapter_nodes, INPUT)
+    bconfig = builder_config(trt, builder, key, INPUT, tcfg.workspace_mib)
 
     if tcfg.precision in ("fp16", "int8"):
         # INT8 plans keep FP16 allowed so layers without INT8 kernels run in FP16, not FP32.
@@ -197,18 +232,9 @@ def build_plan(
         # Layers DLA cannot run (and the uint8 input adapter) run on the GPU instead.
         bconfig.set_flag(trt.BuilderFlag.GPU_FALLBACK)
 
-    cache_path = timing_cache_path(tcfg.engine_dir, key, tcfg.timing_cache)
-    cache_bytes = cache_path.read_bytes() if cache_path.is_file() else b""
-    timing_cache = bconfig.create_timing_cache(cache_bytes)
-    if timing_cache is None or not bconfig.set_timing_cache(timing_cache, False):
-        log.warning(
-            "timing cache %s was made on another device or version; starting anew", cache_path
-        )
-        timing_cache = bconfig.create_timing_cache(b"")
-        bconfig.set_timing_cache(timing_cache, False)
-    elif cache_bytes:
-        log.info("reusing timing cache %s", cache_path)
-
+    cache_path = use_timing_cache(
+        bconfig, timing_cache_path(tcfg.engine_dir, key, tcfg.timing_cache)
+    )
     monitor = progress_monitor(trt, progress)
     bconfig.progress_monitor = monitor
 
@@ -220,11 +246,13 @@ def build_plan(
             raise EngineError("INT8 needs engine.tensorrt.calibration_source")
         cb, ch, cw = calibration_shape(key.profile, tcfg.calibration_batch)
         calib_cache = calibration_cache_path(
-            tcfg.engine_dir, key, source, tcfg.calibration_frames, (cb, ch, cw)
+            tcfg.engine_dir, key, source, tcfg.calibration_frames, (cb, ch, cw), spec.limits.fit
         )
         batches: Iterator[np.ndarray] = iter(())
         if not calib_cache.is_file():  # with a cache TensorRT asks for no frames
-            frames = calibration_frames(source, ch, cw, spec.pad_value, tcfg.calibration_frames)
+            frames = calibration_frames(
+                source, ch, cw, spec.pad_value, tcfg.calibration_frames, fit=spec.limits.fit
+            )
             batches = calibration_batches(frames, cb, tcfg.calibration_frames)
         calibrator = entropy_calibrator(
             trt, rt, batches, (cb, ch, cw), calib_cache, on_calibration_frames
@@ -261,9 +289,7 @@ def build_plan(
     if calibration is not None and calibrator is not None:
         calibration["frames_used"] = calibrator.frames
 
-    built = bconfig.get_timing_cache()
-    if built is not None:
-        write_cache_atomically(cache_path, memoryview(built.serialize()).tobytes())
+    save_timing_cache(bconfig, cache_path)
     return BuildResult(
         memoryview(serialized).tobytes(), time.perf_counter() - t0, cache_path, calibration
     )

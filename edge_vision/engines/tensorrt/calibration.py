@@ -1,4 +1,4 @@
-"""INT8 calibration: real frames letterboxed as serving does, and the TensorRT calibrator.
+"""INT8 calibration: real frames fitted as serving does, and the TensorRT calibrator.
 
 :func:`calibration_frames` and :func:`calibration_batches` are plain code, tested on CPUs;
 :func:`entropy_calibrator` makes the ``trt.IInt8EntropyCalibrator2`` fed with them (its
@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from ...cuda import CudaRuntime, CudaStream, DeviceBuffer, PinnedBuffer
 from ...errors import ConfigError
-from ...shape import letterbox_into, plan_letterbox
+from ...shape import Fit, letterbox_into, plan_fit
 from .plan_store import write_cache_atomically
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ U8Array = npt.NDArray[np.uint8]
 def calibration_batches(
     frames: Iterable[U8Array], batch_size: int, limit: int
 ) -> Iterator[U8Array]:
-    """Group letterboxed frames into ``[batch_size, H, W, 3]`` arrays, at most ``limit``
+    """Group fitted frames into ``[batch_size, H, W, 3]`` arrays, at most ``limit``
     frames in all. A last partial batch is dropped: TensorRT's calibrator asks for batches
     of exactly ``get_batch_size()`` frames."""
     if batch_size < 1:
@@ -50,11 +50,12 @@ def calibration_batches(
 
 
 def calibration_frames(
-    source: Path, height: int, width: int, pad_value: int, limit: int
+    source: Path, height: int, width: int, pad_value: int, limit: int, *, fit: Fit
 ) -> Iterator[U8Array]:
-    """Real frames from an image folder or a video, letterboxed to ``height × width``
-    exactly as serving does (:func:`~edge_vision.shape.plan_letterbox` +
-    :func:`~edge_vision.shape.letterbox_into`). Blocking: run in a worker thread.
+    """Real frames from an image folder or a video, fitted to ``height × width`` exactly
+    as serving does with the model's ``fit`` (:func:`~edge_vision.shape.plan_fit` +
+    :func:`~edge_vision.shape.letterbox_into`: stretched for the default text detector,
+    letterboxed for YOLO). Blocking: run in a worker thread.
 
     The source is opened here, so a missing or unreadable one is a ConfigError before
     the build starts, not in the middle of it. A video longer than ``limit`` frames is
@@ -83,7 +84,8 @@ def calibration_frames(
                     continue
                 h0, w0 = frame.pixels.shape[:2]
                 out = np.empty((height, width, 3), np.uint8)
-                letterbox_into(frame.pixels, plan_letterbox(w0, h0, height, width), out, pad_value)
+                lb = plan_fit(w0, h0, height, width, fit)
+                letterbox_into(frame.pixels, lb, out, pad_value)
                 given += 1
                 yield out
 
@@ -99,7 +101,7 @@ def entropy_calibrator(
     on_frames: Callable[[int], None] | None,
 ) -> Any:
     """A ``trt.IInt8EntropyCalibrator2`` (the calibrator TensorRT prefers, and the one DLA
-    requires) fed with real letterboxed uint8 frames, reading and writing ``cache_path``.
+    requires) fed with real fitted uint8 frames, reading and writing ``cache_path``.
 
     ``get_batch`` copies each ``[B, H, W, 3]`` batch through pinned memory into one device
     buffer and returns its pointer; ``None`` ends calibration.

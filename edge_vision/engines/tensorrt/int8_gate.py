@@ -149,7 +149,11 @@ def gate_frames(config: Config, spec: ModelSpec, key: PlanKey) -> tuple[list[U8A
         raise ValueError("the INT8 gate needs engine.tensorrt.calibration_source")
     _, h, w = calibration_shape(key.profile, tcfg.calibration_batch)
     wanted = tcfg.calibration_frames + tcfg.int8_gate_frames
-    frames = list(calibration_frames(tcfg.calibration_source, h, w, spec.pad_value, wanted))
+    frames = list(
+        calibration_frames(
+            tcfg.calibration_source, h, w, spec.pad_value, wanted, fit=spec.limits.fit
+        )
+    )
     held = frames[tcfg.calibration_frames :]
     if held:
         return held, True

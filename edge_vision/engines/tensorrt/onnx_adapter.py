@@ -93,6 +93,50 @@ def wrap_uint8_input(model: Any, input_name: str, norm: Normalisation) -> Any:
     return wrapped
 
 
+#: The outputs :func:`append_argmax` gives the recogniser: best class and its probability.
+ARGMAX_OUTPUT = ADAPTER_PREFIX + "best_class"
+MAX_OUTPUT = ADAPTER_PREFIX + "best_probability"
+
+
+def append_argmax(model: Any) -> Any:
+    """A copy of the text recogniser ``model`` (one output ``[N, T, C]`` of character
+    probabilities) whose outputs are instead the arg-max class per column (``[N, T]``,
+    int32) and its probability (``[N, T]``, float32), computed in the plan.
+
+    What :class:`edge_vision.read.TorchRecogniser` does on its device: only two ``[N, T]``
+    arrays come back from the GPU, not ``[N, T, 18710]`` (a 6-crop batch at width 2560
+    would copy 143 MB per run). ``ArgMax`` is cast to int32, the index type TensorRT
+    computes it in. Opset-11 forms (axis/axes as attributes), the recogniser's opset.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    wrapped = onnx.ModelProto()
+    wrapped.CopyFrom(model)
+    graph = wrapped.graph
+    if len(graph.output) != 1:
+        raise ModelError(f"the recogniser has {len(graph.output)} outputs; expected one [N, T, C]")
+    probs = graph.output[0].name
+    p = ADAPTER_PREFIX
+    graph.node.extend(
+        [
+            helper.make_node("ArgMax", [probs], [p + "argmax"], p + "argmax", axis=2, keepdims=0),
+            helper.make_node(
+                "Cast", [p + "argmax"], [ARGMAX_OUTPUT], p + "argmax_i32", to=TensorProto.INT32
+            ),
+            helper.make_node("ReduceMax", [probs], [MAX_OUTPUT], p + "max", axes=[2], keepdims=0),
+        ]
+    )
+    del graph.output[:]
+    graph.output.extend(
+        [
+            helper.make_tensor_value_info(ARGMAX_OUTPUT, TensorProto.INT32, ["N", "T"]),
+            helper.make_tensor_value_info(MAX_OUTPUT, TensorProto.FLOAT, ["N", "T"]),
+        ]
+    )
+    return wrapped
+
+
 def adapter_node_count(norm: Normalisation) -> int:
     """How many nodes :func:`wrap_uint8_input` puts in front of the model's own."""
     return 5 if norm.rgb else 4

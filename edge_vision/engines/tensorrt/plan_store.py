@@ -135,8 +135,10 @@ def calibration_cache_path(
     source: Path,
     frames: int,
     shape: tuple[int, int, int],
+    fit: str = "letterbox",
 ) -> Path:
-    """The INT8 calibration cache for this model, input adapter, frames and shape.
+    """The INT8 calibration cache for this model, input adapter, frames, shape and fit
+    (a stretched frame is another picture than a letterboxed one).
 
     Independent of the GPU and profile, so a rebuild for another profile or a DLA core
     reuses it; it holds the TensorRT version because the cache format is versioned.
@@ -149,6 +151,7 @@ def calibration_cache_path(
             str(source.expanduser().resolve()),
             frames,
             list(shape),
+            *([] if fit == "letterbox" else [fit]),  # letterbox caches keep their names
         ],
         sort_keys=True,
     )

@@ -11,23 +11,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from ...config import TensorRTConfig
 from ...errors import ConfigError, EngineError
 from ...shape import InputLimits, choose_input_shape, side_range
+
+#: How a plan's input lays out its batch, sides and 3 channels: ``NHWC`` for the detector's
+#: uint8 frames (:func:`wrap_uint8_input`), ``NCHW`` for the recogniser's float32 crops.
+Layout = Literal["NHWC", "NCHW"]
 
 
 @dataclass(frozen=True, slots=True)
 class ShapeProfile:
     """MIN/OPT/MAX of batch, height and width: one TensorRT optimisation profile.
 
-    The engine input is ``[N, H, W, 3]`` uint8 (:func:`wrap_uint8_input`), so the shapes
-    given to ``IOptimizationProfile.set_shape`` are ``(N, H, W, 3)``.
+    The detector's input is ``[N, H, W, 3]`` uint8 (:func:`wrap_uint8_input`), so the
+    shapes given to ``IOptimizationProfile.set_shape`` are ``(N, H, W, 3)``; the
+    recogniser's (``layout`` ``NCHW``, :func:`recogniser_profile`) ``(N, 3, H, W)``.
     """
 
     batch: tuple[int, int, int]
     height: tuple[int, int, int]
     width: tuple[int, int, int]
+    layout: Layout = "NHWC"
 
     def __post_init__(self) -> None:
         for name, (lo, opt, hi) in (
@@ -42,12 +49,14 @@ class ShapeProfile:
                 )
 
     def shapes(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-        """``(min, opt, max)`` input shapes ``(N, H, W, 3)`` for ``set_shape``."""
-        return (
-            (self.batch[0], self.height[0], self.width[0], 3),
-            (self.batch[1], self.height[1], self.width[1], 3),
-            (self.batch[2], self.height[2], self.width[2], 3),
-        )
+        """``(min, opt, max)`` input shapes for ``set_shape``: ``(N, H, W, 3)``, or
+        ``(N, 3, H, W)`` for an ``NCHW`` profile."""
+        lo, opt, hi = (self._shape(i) for i in range(3))
+        return lo, opt, hi
+
+    def _shape(self, i: int) -> tuple[int, ...]:
+        n, h, w = self.batch[i], self.height[i], self.width[i]
+        return (n, h, w, 3) if self.layout == "NHWC" else (n, 3, h, w)
 
     @property
     def static(self) -> bool:
@@ -73,16 +82,21 @@ class ShapeProfile:
             )
 
     def as_json(self) -> dict[str, list[int]]:
-        lo, opt, hi = self.shapes()
+        lo, opt, hi = self.shapes()  # the layout shows in the shapes: (N, 3, H, W) for NCHW
         return {"min": list(lo), "opt": list(opt), "max": list(hi)}
 
     @classmethod
-    def from_shapes(cls, lo: Sequence[int], opt: Sequence[int], hi: Sequence[int]) -> ShapeProfile:
-        """From three ``(N, H, W, 3)`` shapes (a JSON record, or an engine's profile)."""
+    def from_shapes(
+        cls, lo: Sequence[int], opt: Sequence[int], hi: Sequence[int], layout: Layout = "NHWC"
+    ) -> ShapeProfile:
+        """From three ``(N, H, W, 3)`` (or, ``NCHW``, ``(N, 3, H, W)``) shapes: a JSON
+        record, or an engine's profile."""
+        h, w = (1, 2) if layout == "NHWC" else (2, 3)
         return cls(
             (int(lo[0]), int(opt[0]), int(hi[0])),
-            (int(lo[1]), int(opt[1]), int(hi[1])),
-            (int(lo[2]), int(opt[2]), int(hi[2])),
+            (int(lo[h]), int(opt[h]), int(hi[h])),
+            (int(lo[w]), int(opt[w]), int(hi[w])),
+            layout,
         )
 
 
@@ -99,8 +113,10 @@ def derive_profile(
     * batch: ``1 .. max_batch``, tuned for ``opt_batch`` (default ``max_batch``: when
       several cameras keep the batcher full, that is the load that matters);
     * height and width: every side ``choose_input_shape`` can produce (``side_range``),
-      tuned for ``opt_shape`` (default: the input of a 16:9 landscape frame, 640×384 with
-      the default limits, since most cameras are 16:9).
+      tuned for ``opt_shape`` (default: the input of a 16:9 landscape frame, since most
+      cameras are 16:9: 640×352 with the default model's stretch fit, 640×384 with a
+      letterbox; :func:`~edge_vision.shape.choose_input_shape` decides, so the plan is
+      tuned for the shape serving picks).
 
     ``dla``: TensorRT's DLA restrictions say "DLA does not support dynamic dimensions, so
     the profile's min, max, and opt values must be equal". Then every dimension must
@@ -149,12 +165,33 @@ def profile_for(limits: InputLimits, max_batch: int, tcfg: TensorRTConfig) -> Sh
     )
 
 
+def recogniser_profile(
+    max_batch: int, max_width: int, *, height: int = 48, min_width: int = 320
+) -> ShapeProfile:
+    """The text recogniser's profile (``NCHW`` float32 crops, :mod:`edge_vision.read`):
+    batches of ``1..max_batch`` (``read.batch``), tuned for a full one; the fixed input
+    height (48); widths from the nominal ``min_width`` (320: no batch is narrower,
+    :func:`edge_vision.read.batch_width`) to ``max_width`` (``read.max_width``), tuned for
+    the nominal width, the width of most label crops."""
+    if max_batch < 1:
+        raise ConfigError(f"read.batch must be >= 1, got {max_batch}")
+    if max_width < min_width:
+        raise ConfigError(f"read.max_width must be >= {min_width}, got {max_width}")
+    return ShapeProfile(
+        (1, max_batch, max_batch),
+        (height, height, height),
+        (min_width, min_width, max_width),
+        "NCHW",
+    )
+
+
 def calibration_shape(profile: ShapeProfile, batch: int) -> tuple[int, int, int]:
     """``(batch, H, W)`` of INT8 calibration batches: the profile's OPT sides.
 
     TensorRT calibrates a network with dynamic shapes at one fixed shape (the calibration
     profile's OPT; ``IBuilderConfig.set_calibration_profile``), so every calibration frame
-    is letterboxed to the sides the plan is tuned for. The batch is capped by the profile.
+    is fitted (stretched or letterboxed, as serving does) to the sides the plan is tuned
+    for. The batch is capped by the profile.
     """
     b = min(max(1, batch), profile.batch[2])
     b = max(b, profile.batch[0])
