@@ -11,6 +11,7 @@ Examples::
     edge-vision build-engine                                # embedded model, FP16
     edge-vision build-engine yolo11n.onnx --precision int8 --calibration site-frames/
     edge-vision build-engine --config /etc/edge-vision/config.yaml --dla-core 0
+    edge-vision build-engine --read                         # and the text recogniser's
 
 Settings come from the same config as ``serve`` (``--config``, ``EDGE_VISION_*``,
 ``--set``); the named flags below set the matching ``engine.tensorrt.*`` keys, and
@@ -70,6 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--force", action="store_true", help="rebuild even when a plan for the current key exists"
+    )
+    p.add_argument(
+        "--read",
+        action="store_true",
+        help="also build the text recogniser's plan (read.*), which serve otherwise builds "
+        "when the first session turns reading on, keeping that session waiting",
     )
 
 
@@ -187,6 +194,13 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
     gate = ready.int8_gate or rec.extra.get("int8_gate")  # INT8: the accuracy gate's figures
     if gate:
         print(gate["summary"])
+    if args.read:
+        from .engines.tensorrt.recogniser import build_recogniser_for_config
+
+        rec_ready = build_recogniser_for_config(config, TqdmBuildProgress(), force=args.force)
+        r = rec_ready.record
+        state = "built" if rec_ready.built else "up to date:"
+        print(f"recogniser {state} {rec_ready.plan_path} ({r.build_seconds:.1f} s to build)")
     same = f" --config {args.config}" if args.config else ""
     print(f"serve with the same configuration uses it: edge-vision serve --engine tensorrt{same}")
     return 0

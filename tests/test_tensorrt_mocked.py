@@ -967,6 +967,38 @@ def test_mock_tensorrt_recogniser_squeezes_a_crop_wider_than_its_profile(
         rec.close()
 
 
+def test_mock_tensorrt_build_engine_read_builds_the_recogniser_plan_ahead_of_serve(
+    mock_trt: tuple[MockState, types.ModuleType],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, _ = mock_trt
+    argv = ["build-engine", "--read", "--engine-dir", str(tmp_path), "--set", "read.max_width=640"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert len(state.builds) == 2  # the detector's plan, then the recogniser's
+    assert state.builds[1]["profile"] == ((1, 3, 48, 320), (6, 3, 48, 320), (6, 3, 48, 640))
+    assert "recogniser built " in out and "pp-ocrv6-rec-small-fp16-" in out
+    assert main(argv) == 0  # nothing changed: nothing built
+    assert "recogniser up to date: " in capsys.readouterr().out and len(state.builds) == 2
+    cfg = make_config(
+        {
+            "engine": {
+                "kind": "tensorrt",
+                "tensorrt": {"engine_dir": str(tmp_path), "build_if_missing": False},
+            },
+            "read": {"max_width": 640},
+        }
+    )
+    rec = load_recogniser(None, "tensorrt", config=cfg)  # serve finds it, builds nothing
+    try:
+        assert isinstance(rec, trt_recogniser.TensorRTRecogniser)
+        assert rec.describe()["built_now"] is False
+    finally:
+        rec.close()
+    assert main([*argv, "--force"]) == 0 and len(state.builds) == 4
+
+
 async def test_mock_tensorrt_read_stage_follows_engine_kind_and_a_failed_run_sends_boxes_unread(
     mock_trt: tuple[MockState, types.ModuleType], tmp_path: Path
 ) -> None:

@@ -129,23 +129,30 @@ def build_recogniser_plan(
 
 
 def ensure_recogniser_plan(
-    trt: Any, rt: CudaRuntime, path: Path, config: Config, progress: BuildProgress
+    trt: Any,
+    rt: CudaRuntime,
+    path: Path,
+    config: Config,
+    progress: BuildProgress,
+    *,
+    force: bool = False,
 ) -> PlanReady:
     """The recogniser plan for the current key: found under ``engine_dir``, or built once
-    under the build lock (``engine.tensorrt.build_if_missing``), or an EngineError."""
+    under the build lock (``engine.tensorrt.build_if_missing``, or ``force``), or an
+    EngineError."""
     tcfg = config.engine.tensorrt
     key = recogniser_key(trt, rt, path, config)
     found = lookup_plan(tcfg.engine_dir, key)
-    if found.status == "found" and found.record is not None:
+    if found.status == "found" and found.record is not None and not force:
         return PlanReady(key, found.plan_path, found.record, False)
-    if not tcfg.build_if_missing:
+    if not tcfg.build_if_missing and not force:
         raise EngineError(
             f"no TensorRT plan for the recogniser {path.name} in {tcfg.engine_dir} (key "
             f"{key.stem}) and engine.tensorrt.build_if_missing is off"
         )
     with build_lock(tcfg.engine_dir, key):
         again = lookup_plan(tcfg.engine_dir, key)  # another process may have built it
-        if again.status == "found" and again.record is not None:
+        if again.status == "found" and again.record is not None and not force:
             return PlanReady(key, again.plan_path, again.record, False)
         log.info("building the recogniser's TensorRT plan %s (%s)", key.stem, key.machine())
         result = build_recogniser_plan(trt, rt, path, config, key, progress)
@@ -162,6 +169,24 @@ def ensure_recogniser_plan(
         plan_path, _ = write_plan_atomically(tcfg.engine_dir, key, result.plan, record)
     log.info("recogniser plan built in %.1f s: %s", result.seconds, plan_path)
     return PlanReady(key, plan_path, record, True)
+
+
+def build_recogniser_for_config(
+    config: Config, progress: BuildProgress, *, force: bool = False
+) -> PlanReady:
+    """What ``edge-vision build-engine --read`` runs: the recogniser's plan (``read.model_path``
+    or the wheel's), TensorRT and the CUDA device opened here."""
+    from ...read import default_recogniser_path
+
+    path = config.read.model_path or default_recogniser_path()
+    if not path.is_file():
+        raise ModelError(f"recogniser model {path} does not exist")
+    trt = import_tensorrt()
+    rt = open_runtime(config.engine.cuda_backend)
+    try:
+        return ensure_recogniser_plan(trt, rt, path, config, progress, force=force)
+    finally:
+        rt.close()
 
 
 class TensorRTRecogniser:
