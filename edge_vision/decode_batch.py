@@ -56,6 +56,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import cv2
 import numpy as np
 import numpy.typing as npt
 
@@ -328,10 +329,29 @@ class CudaBatchDecoder:
         for _ in range(max(1, streams)):
             cuda = self.device.type == "cuda"
             self._streams.put(torch.cuda.Stream(self.device) if cuda else _NoStream())
+        if self.nvimgcodec is not None:
+            self._warm_nvimgcodec(max(1, streams))
         self._lock = threading.Lock()
         self.device_frames = 0  # frames nvJPEG decoded (tests and logs read these)
         self.host_frames = 0
         self.batch_failures = 0  # batched calls that failed whole and were retried
+
+    def _warm_nvimgcodec(self, streams: int) -> None:
+        """Each stream's nvImageCodec decoder made and run once now, not on the first
+        camera frames: on the H200 the first frames of a 64-camera run waited up to 3.8 s
+        for them (docs/benchmarks.md)."""
+        tiny = cv2.imencode(".jpg", np.full((16, 16, 3), 128, np.uint8))[1].tobytes()
+        held = [self._streams.get() for _ in range(streams)]
+        try:
+            for stream in held:
+                if self.nvimgcodec is not None:
+                    self.nvimgcodec.decode([tiny], stream)
+                self._wait(stream)
+        except Exception as e:  # noqa: BLE001 - a slow first frame, not a failed start
+            log.warning("nvImageCodec warm-up failed (%s); its first frames will be slower", e)
+        finally:
+            for stream in held:
+                self._streams.put(stream)
 
     def set_staging_allocator(self, allocator: Allocator) -> None:
         self.staging.set_allocator(allocator)
