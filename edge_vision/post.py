@@ -235,18 +235,74 @@ def _mean_inside(
 
 
 def _unclip(corners: npt.NDArray[Any], ratio: float) -> RotatedRect:
-    """The minimum-area rectangle of a rectangle offset outwards by ``D = A · ratio / L``.
+    """The minimum-area rectangle of a rectangle offset outwards by ``D = A · ratio / L``,
+    as the reference gets it from Clipper.
 
-    ``A`` and ``L`` are the area and perimeter of the rectangle as found (not rounded). The
-    reference offsets the polygon with Clipper, which works on integer coordinates (it
-    truncates the corners) and joins corners with arcs; an arc never reaches beyond the
-    offset edges, so the minimum-area rectangle of that offset polygon is the truncated
-    polygon's own minimum-area rectangle with each side moved out by ``D``."""
+    ``A`` and ``L`` are the area and perimeter of the rectangle as found (not rounded).
+    The reference offsets the polygon with Clipper's round joins, which work on integer
+    coordinates: the corners are truncated, and every point of the offset polygon is
+    rounded to a whole pixel. The rectangle around those points differs from the exact
+    offset rectangle by up to a pixel on rotated boxes, which is enough to change what the
+    recogniser reads from a blurred crop. :func:`_round_offset` computes the same points."""
     w = float(np.hypot(*(corners[1] - corners[0])))
     h = float(np.hypot(*(corners[2] - corners[1])))
     distance = w * h * ratio / (2.0 * (w + h)) if w + h > 0 else 0.0
-    (cx, cy), (rw, rh), angle = cv2.minAreaRect(corners.astype(np.int32))
-    return (cx, cy), (rw + 2 * distance, rh + 2 * distance), angle
+    whole = np.trunc(corners).astype(np.int64)
+    points = whole.astype(np.int32) if distance < 1e-9 else _round_offset(whole, distance)
+    (cx, cy), (rw, rh), angle = cv2.minAreaRect(points)
+    return (cx, cy), (rw, rh), angle
+
+
+def _round_half_away(v: float) -> int:
+    return int(np.floor(v + 0.5)) if v >= 0 else int(np.ceil(v - 0.5))
+
+
+def _round_offset(pts: npt.NDArray[np.int64], delta: float) -> npt.NDArray[np.int32]:
+    """The integer polygon a closed convex polygon becomes when offset outwards by
+    ``delta`` with round joins, as Clipper's offsetting does it: each edge moved out along
+    its unit normal; at each corner an arc from one edge's normal to the next, in steps that
+    keep the arc within 0.25 px of a circle; every point rounded half away from zero."""
+    p = [(float(x), float(y)) for x, y in pts]
+    n = len(p)
+    area2 = sum(p[i][0] * p[(i + 1) % n][1] - p[(i + 1) % n][0] * p[i][1] for i in range(n))
+    if area2 < 0:  # counter-clockwise in image coordinates, so the normals point out
+        p.reverse()
+    tolerance = min(0.25, delta * 0.25)
+    steps = min(np.pi / np.arccos(1.0 - tolerance / delta), delta * np.pi)
+    step_sin, step_cos = np.sin(2.0 * np.pi / steps), np.cos(2.0 * np.pi / steps)
+    steps_per_radian = steps / (2.0 * np.pi)
+    normals = []
+    for i in range(n):
+        dx, dy = p[(i + 1) % n][0] - p[i][0], p[(i + 1) % n][1] - p[i][1]
+        length = float(np.hypot(dx, dy))
+        normals.append((dy / length, -dx / length) if length > 0 else (0.0, 0.0))
+    out: list[tuple[int, int]] = []
+    k = n - 1
+    for j in range(n):
+        (kx, ky), (jx, jy), (px, py) = normals[k], normals[j], p[j]
+
+        def at(nx: float, ny: float, px: float = px, py: float = py) -> tuple[int, int]:
+            return _round_half_away(px + nx * delta), _round_half_away(py + ny * delta)
+
+        sin_a = kx * jy - jx * ky
+        cos_a = kx * jx + ky * jy
+        if abs(sin_a * delta) < 1.0 and cos_a > 0:  # nearly straight: one point
+            out.append(at(kx, ky))
+            k = j
+            continue
+        sin_a = max(-1.0, min(1.0, sin_a))
+        if sin_a * delta < 0:  # a concave corner: both offset ends and the corner itself
+            out += [at(kx, ky), (int(px), int(py)), at(jx, jy)]
+        else:
+            x, y = kx, ky
+            for _ in range(
+                max(_round_half_away(steps_per_radian * abs(np.arctan2(sin_a, cos_a))), 1)
+            ):
+                out.append(at(x, y))
+                x, y = x * step_cos - step_sin * y, x * step_sin + y * step_cos
+            out.append(at(jx, jy))
+        k = j
+    return np.asarray(out, np.int32).reshape(-1, 1, 2)
 
 
 def _xywh_to_xyxy(xywh: F32Array) -> F32Array:

@@ -138,3 +138,33 @@ def test_class_filter() -> None:
     dets = np.array([[0, 0, 1, 1, 0.9, 0], [0, 0, 1, 1, 0.8, 2]], np.float32)
     assert filter_classes(dets, frozenset({2}))[:, 5].tolist() == [2]
     assert len(filter_classes(dets, None)) == 2
+
+
+def test_the_unclip_gives_the_reference_s_clipper_rectangle_on_rotated_boxes() -> None:
+    """The reference grows each DB box with Clipper's integer round-join offset (pyclipper,
+    a dependency of its wheel); ours computes the same points, so the rectangle around them
+    is the reference's to the pixel, rotated boxes included."""
+    import cv2
+
+    pyclipper = pytest.importorskip("pyclipper", reason="the reference pipeline's offsetter")
+    from edge_vision.post import _unclip
+
+    rng = np.random.default_rng(7)
+    rotated = 0
+    for _ in range(1000):
+        centre = (rng.uniform(20, 600), rng.uniform(20, 400))
+        size = (rng.uniform(3, 300), rng.uniform(3, 60))
+        angle = rng.uniform(-90, 90)
+        corners = cv2.boxPoints((centre, size, angle))
+        w = float(np.hypot(*(corners[1] - corners[0])))
+        h = float(np.hypot(*(corners[2] - corners[1])))
+        offset = pyclipper.PyclipperOffset()
+        offset.AddPath(corners, pyclipper.JT_ROUND, pyclipper.ET_CLOSEDPOLYGON)
+        grown = np.array(offset.Execute(w * h * 1.6 / (2 * (w + h)))).reshape(-1, 1, 2)
+        want = cv2.minAreaRect(grown.astype(np.int32))
+        got = _unclip(corners, 1.6)
+        np.testing.assert_allclose(got[0], want[0], atol=1e-4)
+        np.testing.assert_allclose(got[1], want[1], atol=1e-4)
+        assert abs(got[2] - want[2]) < 1e-4
+        rotated += abs(angle) % 90 > 1
+    assert rotated > 900
