@@ -12,8 +12,11 @@ One bad frame never fails the others.
   :func:`~edge_vision.shape.letterbox_into` into :class:`~edge_vision.decode.BufferPool`
   canvases, under the memory budget). It serves the service without a GPU, CI, and every
   frame the device decoder does not take.
-* :class:`CudaBatchDecoder`: nvJPEG through ``torchvision.io.decode_jpeg(device="cuda")``
-  on a list of frames, then letterbox (area resize when shrinking, bilinear when
+* :class:`CudaBatchDecoder`: a list of frames decoded on the GPU by nvImageCodec
+  (:class:`NvImgCodecJpeg`: the GPU's hardware JPEG engine, then its CUDA decoder; chosen
+  by ``decode.device_library``) or by nvJPEG through
+  ``torchvision.io.decode_jpeg(device="cuda")``, whose Huffman stage runs on the host;
+  then letterbox (area resize when shrinking, bilinear when
   enlarging, as :func:`~edge_vision.shape.letterbox_into` picks) on the device into
   uint8 BGR canvases that the CUDA engines copy device-to-device into their input batch;
   normalisation runs inside the engine as before.
@@ -266,18 +269,26 @@ class NvImgCodecJpeg:
         ]
 
 
-def import_cuda_decode() -> tuple[Any, Any]:
-    """``(torch, torchvision.io)`` with CUDA, or a ConfigError saying what is missing."""
+def import_cuda_torch() -> Any:
+    """torch with CUDA, or a ConfigError saying what is missing."""
     try:
         torch = importlib.import_module("torch")
-        tvio = importlib.import_module("torchvision.io")
     except ImportError as e:
-        raise ConfigError(
-            f"decode.device cuda needs torch and torchvision with CUDA (nvJPEG): {e}"
-        ) from e
+        raise ConfigError(f"decode.device cuda needs torch with CUDA: {e}") from e
     if not torch.cuda.is_available():
         raise ConfigError("decode.device cuda: CUDA is not available to torch")
-    return torch, tvio
+    return torch
+
+
+def import_torchvision_io() -> Any:
+    """``torchvision.io`` (nvJPEG), or a ConfigError: needed only without nvImageCodec."""
+    try:
+        return importlib.import_module("torchvision.io")
+    except ImportError as e:
+        raise ConfigError(
+            "decode.device cuda needs nvImageCodec (decode.device_library) or torchvision "
+            f"with CUDA (nvJPEG): {e}"
+        ) from e
 
 
 class _NoStream:
@@ -307,10 +318,10 @@ class CudaBatchDecoder:
         library: str = "torchvision",
         cpu_threads: int = 2,
     ) -> None:
-        if device.startswith("cuda"):
-            self._torch, self._tvio = import_cuda_decode()
-        else:  # torch's CPU device: only this module's tests, with their own _nvjpeg
-            self._torch, self._tvio = importlib.import_module("torch"), None
+        cuda = device.startswith("cuda")
+        # torch's CPU device: only this module's tests, with their own _nvjpeg
+        self._torch = import_cuda_torch() if cuda else importlib.import_module("torch")
+        self._tvio: Any = None
         torch = self._torch
         self.host = host
         self.device = torch.device(device)
@@ -323,11 +334,12 @@ class CudaBatchDecoder:
                 if library == "nvimgcodec":
                     raise
                 log.info("decode.device_library auto: torchvision's nvJPEG (%s)", e)
+        if self.nvimgcodec is None and cuda:  # nvJPEG through torchvision instead
+            self._tvio = import_torchvision_io()
         self.library = "nvimgcodec" if self.nvimgcodec is not None else "torchvision"
         self.staging = BufferPool(staging)
         self._streams: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(max(1, streams)):
-            cuda = self.device.type == "cuda"
             self._streams.put(torch.cuda.Stream(self.device) if cuda else _NoStream())
         if self.nvimgcodec is not None:
             self._warm_nvimgcodec(max(1, streams))
@@ -505,7 +517,8 @@ def make_device_decoder(
     cpu_threads: int = 2,
 ) -> CudaBatchDecoder | None:
     """``decode.device``: ``host`` (None), ``cuda`` (ConfigError when it cannot), or
-    ``auto`` (cuda when torch sees a GPU and torchvision is there, else None);
+    ``auto`` (cuda when torch sees a GPU and nvImageCodec or torchvision is there, else
+    None);
     ``library``: ``decode.device_library``."""
     if device == "host":
         return None
