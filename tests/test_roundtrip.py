@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
+import numpy as np
+import onnxruntime as ort
 import orjson
 import pytest
 import websockets
@@ -73,9 +77,29 @@ async def test_websockets_library_round_trip(server: RunningServer, wire: str) -
         res = orjson.loads(await with_timeout(ws.recv(), T(30)))
     assert res["type"] == "result"
     assert res["id"] == frame_id and res["ts"] == 12.5
-    assert_box_overlaps(res, scene.text_boxes[0])
+    # A short line ("LOT 0042"): DB grows its box around the text's kernel by D = A·1.6/L,
+    # so against the ink's tight box the IoU sits near 0.5 by construction (0.49 since the
+    # unclip is the reference's integer one). What the service must give is the reference
+    # pipeline's box for this frame at the same input: checked against that instead.
+    ref = await asyncio.to_thread(reference_box, scene.rgb[:, :, ::-1].copy())
+    assert_box_overlaps(res, ref, iou_min=0.7)
+    assert_box_overlaps(res, scene.text_boxes[0], iou_min=0.45)
     assert_boxes_inside_frame(res)
     assert_timings_present(res)
+
+
+def reference_box(bgr: np.ndarray) -> tuple[float, float, float, float]:
+    """The reference pipeline's one box for ``bgr`` at the service's input (640)."""
+    from edge_vision.bench.sizes import reference_detections
+    from edge_vision.config import ModelConfig
+    from edge_vision.models import load_model_spec
+
+    spec = load_model_spec(ModelConfig())
+    session = ort.InferenceSession(str(spec.path), providers=["CPUExecutionProvider"])
+    dets = reference_detections(session, bgr, 640)
+    assert len(dets) == 1, dets
+    x1, y1, x2, y2 = (float(v) for v in dets[0, :4])
+    return x1, y1, x2, y2
 
 
 async def test_png_frame_and_portrait_frame_map_back_to_frame_pixels(server: RunningServer) -> None:
