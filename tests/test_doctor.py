@@ -206,3 +206,34 @@ def test_doctor_build_runs_the_int8_gate_and_prints_the_agreement_mock_tensorrt(
     assert plan.details["int8_gate"]["held_back"] is True
     again = Doctor(config, DoctorOptions(), out=lambda _: None).check_plan()
     assert "matches" in again.summary and "INT8 accepted" in again.summary
+
+
+def test_doctor_reads_a_gpu_engine_s_byte_map_as_probabilities_made_on_the_cpu() -> None:
+    """With engine.torch.device_post the torch engine on a GPU returns DB's byte map, not
+    the float map; the doctor must compare it with ONNX Runtime's map made a byte map the
+    same way (here by the same torch function on the CPU), so the byte map's rounding is
+    not counted as the engine's error, while a wrong map still fails."""
+    torch = pytest.importorskip("torch", reason="the byte map is made by a torch function")
+    from edge_vision.doctor import compare_with_reference
+    from edge_vision.engines.torch import db_map_bytes
+
+    rng = np.random.default_rng(3)
+    prob = np.clip(rng.normal(0.1, 0.3, (1, 1, 64, 96)), 0, 1).astype(np.float32)
+    dets = np.zeros((0, 6), np.float32)
+    ref = {"raw": prob, "detections": dets}
+
+    def engine_output(p: np.ndarray) -> dict[str, Any]:
+        raw = db_map_bytes(torch, torch.from_numpy(p), 0.3).numpy()
+        return {
+            "raw": raw,
+            "byte_map_threshold": 0.3,
+            "detections": dets,
+            "engine": {},
+            "frame_ms": 1.0,
+        }
+
+    same = compare_with_reference("torch", engine_output(prob), ref, "fp32")
+    assert same.details["relative_error"] == 0.0 and same.status == "pass", same.summary
+    off = np.clip(prob + rng.normal(0, 0.05, prob.shape), 0, 1).astype(np.float32)
+    wrong = compare_with_reference("torch", engine_output(off), ref, "fp16")
+    assert wrong.details["relative_error"] > 1e-2 and wrong.status == "fail", wrong.summary
