@@ -396,8 +396,9 @@ class DecodeConfig(_Section):
     device: Literal["host", "cuda", "auto"] = Field(
         "host",
         description="Where JPEGs are decoded and letterboxed: host (libjpeg-turbo), cuda "
-        "(nvJPEG through torchvision, batched, when a CUDA engine is active; other frames "
-        "still go the host way), auto (cuda when torch sees a GPU, else host).",
+        "(batched on the GPU with decode.device_library, when a CUDA engine is active; other "
+        "frames still go the host way), auto (cuda when torch sees a GPU and nvImageCodec or "
+        "torchvision is there, else host).",
     )
     device_library: Literal["auto", "nvimgcodec", "torchvision"] = Field(
         "auto",

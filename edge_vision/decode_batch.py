@@ -23,18 +23,19 @@ One bad frame never fails the others.
 
 Routing (:func:`device_decodable`): baseline or extended-sequential 8-bit JPEGs with one
 (grey) or three (YCbCr) components go to the device; PNG, progressive, 12-bit, CMYK/YCCK
-and Adobe-RGB JPEGs go the host way frame by frame. A batched nvJPEG call that fails as a
-whole is retried frame by frame; a frame nvJPEG still refuses is decoded on the host,
-which raises ``bad_image`` for a corrupt one, so only that frame fails.
+and Adobe-RGB JPEGs go the host way frame by frame. A batched GPU decode call that fails as
+a whole is retried frame by frame; a frame the GPU decoder still refuses is decoded on the
+host, which raises ``bad_image`` for a corrupt one, so only that frame fails.
 
 :class:`DecodeBatcher` feeds either from the event loop: frames for the device are
 batched (everything waiting when a device stream frees up, at most ``decode.device_batch``
 frames), frames for the host are decoded one per worker-pool job, as before.
 
-Compressed bytes are staged in a pool of their own (``staging``: pinned host memory from
-the CUDA layer when a CUDA engine is active) before nvJPEG reads them.
+For torchvision's nvJPEG, compressed bytes are staged in a pool of their own
+(``staging``: pinned host memory from the CUDA layer when a CUDA engine is active);
+nvImageCodec reads them where they are.
 
-Stream ordering: nvJPEG and the letterbox run on the decoder's own CUDA stream, and
+Stream ordering: the GPU decode and the letterbox run on the decoder's own CUDA stream, and
 :meth:`CudaBatchDecoder.decode_batch` returns only once that stream has finished (the wait
 blocks the worker thread, not the event loop). A canvas is therefore complete before an
 engine stream reads it, and its memory goes back to torch's caching allocator only when
@@ -300,7 +301,8 @@ class _NoStream:
 
 
 class CudaBatchDecoder:
-    """nvJPEG (torchvision) + device letterbox; frames it cannot take go to ``host``.
+    """GPU decode (nvImageCodec, or torchvision's nvJPEG: ``library``) + device letterbox;
+    frames it cannot take go to ``host``.
 
     ``streams``: how many batches may decode at once (one CUDA stream each).
     ``staging``: allocator for the compressed-bytes pool (the CUDA layer's pinned one).
@@ -344,7 +346,7 @@ class CudaBatchDecoder:
         if self.nvimgcodec is not None:
             self._warm_nvimgcodec(max(1, streams))
         self._lock = threading.Lock()
-        self.device_frames = 0  # frames nvJPEG decoded (tests and logs read these)
+        self.device_frames = 0  # frames decoded on the GPU (tests and logs read these)
         self.host_frames = 0
         self.batch_failures = 0  # batched calls that failed whole and were retried
 
@@ -385,8 +387,8 @@ class CudaBatchDecoder:
         return list(tvio.decode_jpeg(datas, mode=tvio.ImageReadMode.RGB, device=self.device))
 
     def decode_pixels(self, requests: Sequence[DecodeRequest], stream: Any) -> list[Any]:
-        """nvJPEG on the device: each frame's ``3 × H × W`` RGB tensor, or the exception
-        nvJPEG raised for it (a batch failing whole is retried frame by frame)."""
+        """The GPU decode: each frame's ``3 × H × W`` RGB tensor, or the exception the
+        library raised for it (a batch failing whole is retried frame by frame)."""
         if self.nvimgcodec is not None:
             return self._retry_alone([r.data for r in requests], stream, self.nvimgcodec.decode)
         torch = self._torch
@@ -429,14 +431,14 @@ class CudaBatchDecoder:
         that), each frame again on its own, so only the bad one gets its exception."""
         try:
             return decode(datas, stream)
-        except RuntimeError:
+        except Exception:  # noqa: BLE001 - any library error: retried frame by frame
             with self._lock:
                 self.batch_failures += 1
         results: list[Any] = []
         for d in datas:
             try:
                 results.extend(decode([d], stream))
-            except RuntimeError as e:
+            except Exception as e:  # noqa: BLE001 - this frame goes the host way
                 results.append(e)
         return results
 
@@ -482,7 +484,11 @@ class CudaBatchDecoder:
                 for i, p in zip(to_device, pixels, strict=True):
                     (refused.append(i) if isinstance(p, Exception) else ok.append((i, p)))
                 if refused:
-                    log.debug("nvJPEG refused %d frame(s); decoding them on the host", len(refused))
+                    log.debug(
+                        "%s refused %d frame(s); decoding them on the host",
+                        self.library,
+                        len(refused),
+                    )
                 to_host += refused
                 t1 = time.perf_counter()
                 plans = [requests[i].letterbox for i, _ in ok]

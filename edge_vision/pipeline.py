@@ -120,14 +120,25 @@ class FramePipeline:
         self.pool.set_allocator(allocator)
         device = self.decoding.device
         if device is None and engine.accepts_device_frames:
-            self.decoding.device = device = make_device_decoder(
-                self.config.decode.device,
-                self.host_decoder,
-                streams=self.config.decode.device_streams,
-                staging=allocator,
-                library=self.config.decode.device_library,
-                cpu_threads=worker_count(self.config.decode.workers),
-            )
+            d = self.config.decode
+            # nvImageCodec's host threads only parse headers: a few per decoder are enough,
+            # with one decoder per stream in each worker process.
+            threads = max(1, worker_count(0) // (self.config.server.workers * d.device_streams))
+            try:
+                device = make_device_decoder(
+                    d.device,
+                    self.host_decoder,
+                    streams=d.device_streams,
+                    staging=allocator,
+                    library=d.device_library,
+                    cpu_threads=threads,
+                )
+            except Exception as e:  # noqa: BLE001 - an engine switch must not fail on it
+                # This runs inside the engine switch (start, fallback, retry): degrade to
+                # host decode and say why, rather than leave the switch half done.
+                log.error("decode.device %s unavailable, decoding on the host: %s", d.device, e)
+                device = None
+            self.decoding.device = device
             if device is not None:
                 log.info(
                     "decoding JPEGs on %s with %s, up to %d a call, %d call(s) at a time",

@@ -99,3 +99,32 @@ async def test_a_caller_cancelled_while_its_frame_decodes_leaves_no_canvas_out(
     assert pipeline.pool.allocations >= 1  # the decode did hand out a canvas ...
     assert pipeline.pool.in_use_bytes == 0  # ... and it went back
     assert pipeline.budget.held_by("decode") == 0
+
+
+async def test_a_gpu_decoder_that_cannot_start_leaves_host_decode_serving_mocked_gpu_engine(
+    service: InferenceService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """decode.device cuda on a machine without CUDA, when an engine that takes device frames
+    becomes active (a mock: there is no GPU here): the engine switch must not fail on the
+    decoder, which would leave it half done (the old engine never retired, the retry task
+    dead). The pipeline says why in the log and decodes on the host; frames are answered."""
+    cfg = make_config({"engine": {"kind": "onnxruntime"}, "decode": {"device": "cuda"}})
+    pipeline = FramePipeline(cfg, service)
+    engine = service.engine
+    assert engine is not None
+
+    class _TakesDeviceFrames:  # the active engine, as a CUDA engine would present itself
+        accepts_device_frames = True
+
+        def host_allocator(self) -> None:
+            return None
+
+    try:
+        with caplog.at_level("ERROR", logger="edge_vision.pipeline"):
+            pipeline._engine_changed(_TakesDeviceFrames())  # type: ignore[arg-type]
+        assert pipeline.decoding.device is None
+        assert "decode.device cuda unavailable, decoding on the host" in caplog.text
+        result = await pipeline.process(_frame(1), SETTINGS)
+        assert isinstance(result, FrameResult) and len(result.detections) >= 1
+    finally:
+        await pipeline.close()
