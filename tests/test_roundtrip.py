@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-import numpy as np
-import onnxruntime as ort
 import orjson
 import pytest
 import websockets
@@ -22,6 +20,7 @@ from .support.assertions import (
 )
 from .support.clients import connect, frame_binary, frame_json, recv_type
 from .support.images import blank_scene, text_scene
+from .support.reference import reference_box
 from .support.server import RunningServer
 from .support.timing import T
 
@@ -86,20 +85,6 @@ async def test_websockets_library_round_trip(server: RunningServer, wire: str) -
     assert_box_overlaps(res, scene.text_boxes[0], iou_min=0.45)
     assert_boxes_inside_frame(res)
     assert_timings_present(res)
-
-
-def reference_box(bgr: np.ndarray) -> tuple[float, float, float, float]:
-    """The reference pipeline's one box for ``bgr`` at the service's input (640)."""
-    from edge_vision.bench.sizes import reference_detections
-    from edge_vision.config import ModelConfig
-    from edge_vision.models import load_model_spec
-
-    spec = load_model_spec(ModelConfig())
-    session = ort.InferenceSession(str(spec.path), providers=["CPUExecutionProvider"])
-    dets = reference_detections(session, bgr, 640)
-    assert len(dets) == 1, dets
-    x1, y1, x2, y2 = (float(v) for v in dets[0, :4])
-    return x1, y1, x2, y2
 
 
 async def test_png_frame_and_portrait_frame_map_back_to_frame_pixels(server: RunningServer) -> None:
