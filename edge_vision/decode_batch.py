@@ -343,14 +343,14 @@ class CudaBatchDecoder:
         self._streams: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(max(1, streams)):
             self._streams.put(torch.cuda.Stream(self.device) if cuda else _NoStream())
-        if self.nvimgcodec is not None:
-            self._warm_nvimgcodec(max(1, streams))
         self._lock = threading.Lock()
         self.device_frames = 0  # frames decoded on the GPU (tests and logs read these)
         self.host_frames = 0
         self.batch_failures = 0  # batched calls that failed whole and were retried
+        if self.nvimgcodec is not None:
+            self._warm(self.nvimgcodec, max(1, streams))
 
-    def _warm_nvimgcodec(self, streams: int) -> None:
+    def _warm(self, codec: NvImgCodecJpeg, streams: int) -> None:
         """Each stream's nvImageCodec decoder made and run once now, not on the first
         camera frames: on the H200 the first frames of a 64-camera run waited up to 3.8 s
         for them (docs/benchmarks.md)."""
@@ -358,8 +358,7 @@ class CudaBatchDecoder:
         held = [self._streams.get() for _ in range(streams)]
         try:
             for stream in held:
-                if self.nvimgcodec is not None:
-                    self.nvimgcodec.decode([tiny], stream)
+                codec.decode([tiny], stream)
                 self._wait(stream)
         except Exception as e:  # noqa: BLE001 - a slow first frame, not a failed start
             log.warning("nvImageCodec warm-up failed (%s); its first frames will be slower", e)
@@ -522,20 +521,23 @@ def make_device_decoder(
     library: str = "auto",
     cpu_threads: int = 2,
 ) -> CudaBatchDecoder | None:
-    """``decode.device``: ``host`` (None), ``cuda`` (ConfigError when it cannot), or
-    ``auto`` (cuda when torch sees a GPU and nvImageCodec or torchvision is there, else
-    None);
-    ``library``: ``decode.device_library``."""
+    """``decode.device``: ``host`` (None), ``cuda`` or ``auto`` (a decoder when torch sees a
+    GPU and nvImageCodec or torchvision is there); ``library``: ``decode.device_library``.
+
+    When the GPU decoder cannot start, this says why and returns None, so frames go the
+    host way: it is made inside an engine switch (start, fallback, retry), which must not
+    fail half done on it."""
     if device == "host":
         return None
     try:
         return CudaBatchDecoder(
             host, streams=streams, staging=staging, library=library, cpu_threads=cpu_threads
         )
-    except ConfigError as e:
+    except Exception as e:  # noqa: BLE001 - degrade to host decode, said in the log
         if device == "cuda":
-            raise
-        log.info("decode.device auto: decoding on the host (%s)", e)
+            log.error("decode.device cuda unavailable, decoding on the host: %s", e)
+        else:
+            log.info("decode.device auto: decoding on the host (%s)", e)
         return None
 
 

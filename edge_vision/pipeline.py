@@ -124,21 +124,15 @@ class FramePipeline:
             # nvImageCodec's host threads only parse headers: a few per decoder are enough,
             # with one decoder per stream in each worker process.
             threads = max(1, worker_count(0) // (self.config.server.workers * d.device_streams))
-            try:
-                device = make_device_decoder(
-                    d.device,
-                    self.host_decoder,
-                    streams=d.device_streams,
-                    staging=allocator,
-                    library=d.device_library,
-                    cpu_threads=threads,
-                )
-            except Exception as e:  # noqa: BLE001 - an engine switch must not fail on it
-                # This runs inside the engine switch (start, fallback, retry): degrade to
-                # host decode and say why, rather than leave the switch half done.
-                log.error("decode.device %s unavailable, decoding on the host: %s", d.device, e)
-                device = None
-            self.decoding.device = device
+            # None, said in the log, when it cannot start: frames then go the host way.
+            self.decoding.device = device = make_device_decoder(
+                d.device,
+                self.host_decoder,
+                streams=d.device_streams,
+                staging=allocator,
+                library=d.device_library,
+                cpu_threads=threads,
+            )
             if device is not None:
                 log.info(
                     "decoding JPEGs on %s with %s, up to %d a call, %d call(s) at a time",
