@@ -618,8 +618,7 @@ def _as_byte_maps(got: np.ndarray, ref: np.ndarray, threshold: float) -> tuple[A
     pixel whose value crossed a step), not the byte map's rounding."""
     import torch
 
-    from .engines.torch import db_map_bytes
-    from .post import db_map_levels
+    from .post import db_map_bytes, db_map_levels
 
     levels = db_map_levels(threshold)
     ref_bytes = db_map_bytes(torch, torch.from_numpy(np.ascontiguousarray(ref)), threshold)

@@ -19,6 +19,7 @@ Raw YOLO heads run a confidence filter and class-aware NMS (:func:`batched_nms`)
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -195,7 +196,7 @@ RotatedRect = tuple[tuple[float, float], tuple[float, float], float]
 
 
 #: The byte map of DB's probabilities that a GPU engine returns instead of the float map
-#: (``engine.torch.device_post``; made on the device by ``engines.torch.db_map_bytes``, one
+#: (``engine.torch.device_post``; made on the device by :func:`db_map_bytes`, one
 #: byte a pixel, so 4x less to copy back and no threshold pass on the host). With ``t`` the
 #: binarisation threshold, a pixel above ``t`` is ``128 + round((p - t) / (1 - t) · 127)``,
 #: any other ``round(p / t · 127)``: the top bit is the bitmap, exactly as ``p > t`` is on
@@ -210,6 +211,16 @@ def db_map_levels(threshold: float) -> F32Array:
     low = q / DB_MAP_BYTES * threshold
     high = threshold + (q - 128) / DB_MAP_BYTES * (1.0 - threshold)
     return np.where(q >= 128, high, low).astype(np.float32)
+
+
+def db_map_bytes(torch: Any, prob: Any, threshold: float) -> Any:
+    """DB's float probability map as its byte map (:data:`DB_MAP_BYTES`), made on the
+    device (``torch``: the module, passed in, so this module imports no torch):
+    the top bit is ``prob > threshold``, the low seven the probability within its half."""
+    above = prob > threshold
+    high = 128.0 + torch.round((prob - threshold) * (DB_MAP_BYTES / (1.0 - threshold)))
+    low = torch.round(prob.clamp(0.0, threshold) * (DB_MAP_BYTES / threshold))
+    return torch.where(above, high.clamp(128, 255), low.clamp(0, 127)).to(torch.uint8)
 
 
 def _mean_inside(
@@ -254,27 +265,28 @@ def _unclip(corners: npt.NDArray[Any], ratio: float) -> RotatedRect:
 
 
 def _round_half_away(v: float) -> int:
-    return int(np.floor(v + 0.5)) if v >= 0 else int(np.ceil(v - 0.5))
+    return math.floor(v + 0.5) if v >= 0 else math.ceil(v - 0.5)
 
 
 def _round_offset(pts: npt.NDArray[np.int64], delta: float) -> npt.NDArray[np.int32]:
     """The integer polygon a closed convex polygon becomes when offset outwards by
     ``delta`` with round joins, as Clipper's offsetting does it: each edge moved out along
     its unit normal; at each corner an arc from one edge's normal to the next, in steps that
-    keep the arc within 0.25 px of a circle; every point rounded half away from zero."""
+    keep the arc within 0.25 px of a circle; every point rounded half away from zero.
+    Scalar math on a handful of points per box, so :mod:`math`, not numpy."""
     p = [(float(x), float(y)) for x, y in pts]
     n = len(p)
     area2 = sum(p[i][0] * p[(i + 1) % n][1] - p[(i + 1) % n][0] * p[i][1] for i in range(n))
     if area2 < 0:  # counter-clockwise in image coordinates, so the normals point out
         p.reverse()
     tolerance = min(0.25, delta * 0.25)
-    steps = min(np.pi / np.arccos(1.0 - tolerance / delta), delta * np.pi)
-    step_sin, step_cos = np.sin(2.0 * np.pi / steps), np.cos(2.0 * np.pi / steps)
-    steps_per_radian = steps / (2.0 * np.pi)
+    steps = min(math.pi / math.acos(1.0 - tolerance / delta), delta * math.pi)
+    step_sin, step_cos = math.sin(2.0 * math.pi / steps), math.cos(2.0 * math.pi / steps)
+    steps_per_radian = steps / (2.0 * math.pi)
     normals = []
     for i in range(n):
         dx, dy = p[(i + 1) % n][0] - p[i][0], p[(i + 1) % n][1] - p[i][1]
-        length = float(np.hypot(dx, dy))
+        length = math.hypot(dx, dy)
         normals.append((dy / length, -dx / length) if length > 0 else (0.0, 0.0))
     out: list[tuple[int, int]] = []
     k = n - 1
@@ -295,9 +307,8 @@ def _round_offset(pts: npt.NDArray[np.int64], delta: float) -> npt.NDArray[np.in
             out += [at(kx, ky), (int(px), int(py)), at(jx, jy)]
         else:
             x, y = kx, ky
-            for _ in range(
-                max(_round_half_away(steps_per_radian * abs(np.arctan2(sin_a, cos_a))), 1)
-            ):
+            arc = abs(math.atan2(sin_a, cos_a))
+            for _ in range(max(_round_half_away(steps_per_radian * arc), 1)):
                 out.append(at(x, y))
                 x, y = x * step_cos - step_sin * y, x * step_sin + y * step_cos
             out.append(at(jx, jy))

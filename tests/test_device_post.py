@@ -14,11 +14,10 @@ import pytest
 
 from edge_vision.bench.sizes import TEXT_PHOTOS, our_input, photo_frame
 from edge_vision.models import ModelSpec
-from edge_vision.post import DbnetHead, db_map_levels
+from edge_vision.post import DbnetHead, db_map_bytes, db_map_levels
 from edge_vision.shape import Letterbox
 
 torch = pytest.importorskip("torch", reason="the byte map is made by a torch function")
-from edge_vision.engines.torch import db_map_bytes  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -215,7 +215,7 @@ def test_doctor_reads_a_gpu_engine_s_byte_map_as_probabilities_made_on_the_cpu()
     not counted as the engine's error, while a wrong map still fails."""
     torch = pytest.importorskip("torch", reason="the byte map is made by a torch function")
     from edge_vision.doctor import compare_with_reference
-    from edge_vision.engines.torch import db_map_bytes
+    from edge_vision.post import db_map_bytes
 
     rng = np.random.default_rng(3)
     prob = np.clip(rng.normal(0.1, 0.3, (1, 1, 64, 96)), 0, 1).astype(np.float32)

@@ -36,7 +36,7 @@ from ..config import Config
 from ..cuda import PinnedBuffer
 from ..errors import EngineError
 from ..models import ModelSpec
-from ..post import DB_MAP_BYTES
+from ..post import db_map_bytes
 from .base import U8Array
 from .gpu_base import GpuEngine, GpuSlot
 
@@ -73,15 +73,6 @@ class _Slot(GpuSlot):
 
 
 _Layout = list[tuple[int, tuple[int, ...], Any]]  # bytes, shape, numpy dtype of each output
-
-
-def db_map_bytes(torch: Any, prob: Any, threshold: float) -> Any:
-    """DB's float probability map as its byte map (:data:`~edge_vision.post.DB_MAP_BYTES`):
-    the top bit is ``prob > threshold``, the low seven the probability within its half."""
-    above = prob > threshold
-    high = 128.0 + torch.round((prob - threshold) * (DB_MAP_BYTES / (1.0 - threshold)))
-    low = torch.round(prob.clamp(0.0, threshold) * (DB_MAP_BYTES / threshold))
-    return torch.where(above, high.clamp(128, 255), low.clamp(0, 127)).to(torch.uint8)
 
 
 class TorchEngine(GpuEngine[_Slot, _Layout]):
