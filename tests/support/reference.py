@@ -5,6 +5,8 @@ short line the IoU with the ink's box sits near 0.5 by construction."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnxruntime as ort
 
@@ -15,12 +17,17 @@ from edge_vision.models import load_model_spec
 from .images import Box
 
 
+@functools.cache
+def _session() -> ort.InferenceSession:
+    """One ONNX Runtime session of the default model for every test that asks."""
+    spec = load_model_spec(ModelConfig())
+    return ort.InferenceSession(str(spec.path), providers=["CPUExecutionProvider"])
+
+
 def reference_box(bgr: np.ndarray, long_side: int = 640) -> Box:
     """The reference pipeline's one box for ``bgr`` at the service's input (blocking:
     call it off the event loop)."""
-    spec = load_model_spec(ModelConfig())
-    session = ort.InferenceSession(str(spec.path), providers=["CPUExecutionProvider"])
-    dets = reference_detections(session, bgr, long_side)
+    dets = reference_detections(_session(), bgr, long_side)
     assert len(dets) == 1, dets
     x1, y1, x2, y2 = (float(v) for v in dets[0, :4])
     return x1, y1, x2, y2
