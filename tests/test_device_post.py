@@ -17,7 +17,9 @@ from edge_vision.models import ModelSpec
 from edge_vision.post import DbnetHead, db_map_bytes, db_map_levels
 from edge_vision.shape import Letterbox
 
-torch = pytest.importorskip("torch", reason="the byte map is made by a torch function")
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed here; the byte map is made by a torch function"
+)
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -213,7 +213,9 @@ def test_doctor_reads_a_gpu_engine_s_byte_map_as_probabilities_made_on_the_cpu()
     the float map; the doctor must compare it with ONNX Runtime's map made a byte map the
     same way (here by the same torch function on the CPU), so the byte map's rounding is
     not counted as the engine's error, while a wrong map still fails."""
-    torch = pytest.importorskip("torch", reason="the byte map is made by a torch function")
+    torch = pytest.importorskip(
+        "torch", reason="torch is not installed here; the byte map is made by a torch function"
+    )
     from edge_vision.doctor import compare_with_reference
     from edge_vision.post import db_map_bytes
 

@@ -146,7 +146,10 @@ def test_the_unclip_gives_the_reference_s_clipper_rectangle_on_rotated_boxes() -
     is the reference's to the pixel, rotated boxes included."""
     import cv2
 
-    pyclipper = pytest.importorskip("pyclipper", reason="the reference pipeline's offsetter")
+    pyclipper = pytest.importorskip(
+        "pyclipper",
+        reason="pyclipper (the reference pipeline's offsetter, a rapidocr dependency) is not installed here",
+    )
     from edge_vision.post import _unclip
 
     rng = np.random.default_rng(7)
