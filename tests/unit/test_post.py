@@ -148,7 +148,7 @@ def test_the_unclip_gives_the_reference_s_clipper_rectangle_on_rotated_boxes() -
 
     pyclipper = pytest.importorskip(
         "pyclipper",
-        reason="pyclipper (the reference pipeline's offsetter, a rapidocr dependency) is not installed here",
+        reason="pyclipper (rapidocr's offsetter) is not installed here",
     )
     from edge_vision.post import _unclip
 
