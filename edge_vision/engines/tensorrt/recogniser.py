@@ -240,7 +240,9 @@ class TensorRTRecogniser:
         if self.context is None:
             raise EngineError("TensorRT could not create the recogniser's execution context")
         self.stream = rt.create_stream()
-        self._owned.append(self.stream)
+        # Waited on asleep (a blocking-sync event), not by spinning a core on the stream.
+        self._done = rt.create_event()
+        self._owned += [self.stream, self._done]
         _, _, max_shape = self.profile.shapes()
         if not self.context.set_input_shape(self.input_name, max_shape):
             raise EngineError(f"TensorRT refused its own profile maximum {max_shape}")
@@ -278,7 +280,8 @@ class TensorRTRecogniser:
                 view = pinned.view(dtype, shape)
                 rt.copy_dtoh_async(view, device.ptr, self.stream)
                 out.append(view)
-            rt.synchronize_stream(self.stream)
+            rt.record(self._done, self.stream)
+            rt.synchronize_event(self._done)
             return out[0].astype(np.int64), out[1].astype(np.float32)
 
     def describe(self) -> dict[str, Any]:
