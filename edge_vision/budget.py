@@ -151,10 +151,6 @@ class FrameLedger:
         nbytes = self._charges.pop(key, 0)
         self.budget.release(nbytes, "frames")
 
-    def releaser(self, key: Hashable) -> Callable[[object], None]:
-        """A done-callback that releases ``key`` (for the task that serves the frame)."""
-        return lambda _done: self.release(key)
-
     def release_all(self) -> int:
         """Give back every charge (the connection is closing); returns the bytes."""
         total = sum(self._charges.values())

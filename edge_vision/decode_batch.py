@@ -219,8 +219,6 @@ class NvImgCodecJpeg:
     run at once from different worker threads.
     """
 
-    name = "nvimgcodec"
-
     def __init__(self, torch: Any, device: Any, cpu_threads: int) -> None:
         try:
             self._nv = importlib.import_module("nvidia.nvimgcodec")
@@ -338,7 +336,6 @@ class CudaBatchDecoder:
                 log.info("decode.device_library auto: torchvision's nvJPEG (%s)", e)
         if self.nvimgcodec is None and cuda:  # nvJPEG through torchvision instead
             self._tvio = import_torchvision_io()
-        self.library = "nvimgcodec" if self.nvimgcodec is not None else "torchvision"
         self.staging = BufferPool(staging)
         self._streams: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(max(1, streams)):
@@ -365,6 +362,11 @@ class CudaBatchDecoder:
         finally:
             for stream in held:
                 self._streams.put(stream)
+
+    @property
+    def library(self) -> str:
+        """The GPU JPEG library in use (``decode.device_library`` once resolved)."""
+        return "nvimgcodec" if self.nvimgcodec is not None else "torchvision"
 
     def set_staging_allocator(self, allocator: Allocator) -> None:
         self.staging.set_allocator(allocator)

@@ -339,15 +339,13 @@ class FramePipeline:
         frame: FrameMessage,
         settings: FrameSettings,
         taken_at: float | None = None,
-        *,
-        reading: SessionReading | None = None,
     ) -> FrameResult:
         """:meth:`prepare` then :meth:`finish`, for a caller without a session (nothing
         can supersede its frame). Raises ClientError for bad input, EngineError when no
         engine can serve."""
         taken_at = time.perf_counter() if taken_at is None else taken_at
         prepared = await self.prepare(frame, settings)
-        result = await self.finish(frame, prepared, settings, taken_at, reading=reading)
+        result = await self.finish(frame, prepared, settings, taken_at)
         if isinstance(result, Superseded):
             raise RuntimeError("a frame without a supersede key was superseded")
         return result

@@ -268,19 +268,15 @@ class OnnxRuntimeRecogniser:
     kind = "onnxruntime"
     max_width: int | None = None
 
-    def __init__(self, path: Path, threads: int = 0, providers: Sequence[str] = ()) -> None:
+    def __init__(self, path: Path, threads: int = 0) -> None:
         import onnxruntime as ort
 
         self.threads = threads or (os.cpu_count() or 1)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
-        available = ort.get_available_providers()
-        chosen = [p for p in (providers or ["CPUExecutionProvider"]) if p in available]
         try:
-            self.session = ort.InferenceSession(
-                str(path), opts, providers=chosen or ["CPUExecutionProvider"]
-            )
+            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # ORT's exceptions share no public base class
             raise ModelError(f"ONNX Runtime could not load the recogniser {path}: {e}") from e
         self.input_name = self.session.get_inputs()[0].name
@@ -393,11 +389,6 @@ class TextReader:
         crops = [crop_quad(image, q) for q in quads]
         return self.read_crops(crops)
 
-    def read_boxes(self, image: U8Array, boxes: npt.NDArray[np.floating]) -> list[ReadText]:
-        """Read axis-aligned ``x1, y1, x2, y2`` boxes (``(K, >=4)``) of ``image``."""
-        arr = np.asarray(boxes, dtype=np.float32)
-        return self.read(image, [box_quad(b) for b in arr.reshape(len(arr), -1)[:, :4]])
-
     def read_crops(self, crops: Sequence[U8Array]) -> list[ReadText]:
         results: list[ReadText | None] = [None] * len(crops)
         for idx, x in recogniser_batches(crops, self.batch, max_width=self.recogniser.max_width):
@@ -449,9 +440,6 @@ class SessionReading:
         self._busy = False
         self._idle = asyncio.Event()
         self._idle.set()
-        self.reads = 0  # frames read (a recogniser run happened)
-        self.boxes_read = 0
-        self.skipped = 0  # frames not read because an older one was being read
 
     @property
     def busy(self) -> bool:
@@ -507,8 +495,6 @@ class SessionReading:
             plan.texts[i] = text
             w, h = float(dets[i, 2] - dets[i, 0]), float(dets[i, 3] - dets[i, 1])
             self._known[plan.tracks[i]] = _Known(w, h, text)
-        self.reads += 1
-        self.boxes_read += len(read)
 
 
 # -- the pipeline's read stage ---------------------------------------------------------------
@@ -604,8 +590,7 @@ class ReadStage:
         plan = reading.plan(detections, now)
         if not plan.to_read:
             return plan.texts
-        if reading.busy:
-            reading.skipped += 1
+        if reading.busy:  # an older frame is being read: this one carries what is known
             return plan.texts
         if quads is None:
             corners = [box_quad(b) for b in np.asarray(detections)[plan.to_read]]

@@ -89,11 +89,6 @@ class SessionRunner:
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_in_order(), name=f"send-{self._name}")
 
-    @property
-    def sender(self) -> asyncio.Task[None] | None:
-        """The sender task: it ends (with the shell's exception) when sending failed."""
-        return self._sender
-
     async def admit(self, frame: FrameMessage) -> None:
         """Admit a frame that passed its arrival checks; in ``every`` mode first waits for
         room in the queue (the shell reads nothing meanwhile: TCP back-pressure)."""

@@ -34,7 +34,7 @@ order and never two at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -42,22 +42,6 @@ import numpy.typing as npt
 F64Array = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-
-
-@dataclass(slots=True)
-class Track:
-    """One track as :attr:`Tracker.tracks` shows it (a copy: the tracker holds arrays)."""
-
-    id: int
-    box: F64Array  # x1, y1, x2, y2 when last seen, frame pixels
-    seen_at: float  # seconds
-    velocity: F64Array = field(default_factory=lambda: np.zeros(4))  # pixels per second
-    hits: int = 1
-    misses: int = 0  # updates since it was last seen
-
-    def predict(self, now: float) -> F64Array:
-        box: F64Array = self.box + self.velocity * (now - self.seen_at)
-        return box
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,21 +175,6 @@ class Tracker:
         """The ids of the tracks alive now (seen, or kept through a short miss)."""
         ids: list[int] = self._ids.tolist()
         return ids
-
-    @property
-    def tracks(self) -> list[Track]:
-        """The live tracks, as copies (for inspection; :attr:`track_ids` is cheaper)."""
-        return [
-            Track(
-                int(self._ids[k]),
-                self._box[k].copy(),
-                float(self._seen[k]),
-                self._vel[k].copy(),
-                int(self._hits[k]),
-                int(self._misses[k]),
-            )
-            for k in range(len(self._ids))
-        ]
 
     def update(self, detections: npt.NDArray[np.floating], now: float) -> IntArray:
         """Track ids for ``detections`` (``(N, >=5)``: box then score) seen at ``now`` (s).

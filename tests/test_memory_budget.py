@@ -70,7 +70,7 @@ def test_ledger_releases_each_frame_once_and_everything_on_close() -> None:
     ledger.release("b")
     ledger.release("b")  # a second release of the same frame gives nothing back
     assert b.held == 800
-    ledger.releaser("a")(None)  # the done-callback form
+    ledger.release("a")
     assert ledger.release_all() == 500 and b.held == 0 and len(ledger) == 0
     assert frame_cost(1000, base64=True) == 1750 and frame_cost(1000, base64=False) == 1000
 
