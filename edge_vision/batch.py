@@ -17,11 +17,12 @@ a polite camera's frame would wait for the frame in the engine *and* that one.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .aio import wait_event
 
@@ -51,6 +52,10 @@ class _Entry(Generic[T]):
 # Owners whose last turn is remembered. Forgetting the least recently served one is
 # harmless: an owner not remembered ranks as served longest ago, which it was.
 _REMEMBERED_OWNERS = 4096
+
+
+def _arrival(entry: _Entry[Any]) -> float:
+    return entry.t
 
 
 class BatchPlanner(Generic[T]):
@@ -107,7 +112,9 @@ class BatchPlanner(Generic[T]):
         return None
 
     def _push(self, entry: _Entry[T]) -> None:
-        self._buckets.setdefault(entry.shape, []).append(entry)
+        # In time order, so a bucket's first entry is its oldest (a requeued frame keeps its
+        # time); arrivals come in order, so this is an append but for a requeue.
+        bisect.insort(self._buckets.setdefault(entry.shape, []), entry, key=_arrival)
         if entry.key is not None:
             self._keyed[entry.key] = entry
         self._count += 1
@@ -116,10 +123,7 @@ class BatchPlanner(Generic[T]):
         """When the earliest bucket becomes ready (a full bucket is ready now)."""
         deadline: float | None = None
         for bucket in self._buckets.values():
-            if len(bucket) >= self.max_batch:
-                t = -float("inf")
-            else:
-                t = min(e.t for e in bucket) + self.window_s
+            t = -float("inf") if len(bucket) >= self.max_batch else bucket[0].t + self.window_s
             deadline = t if deadline is None else min(deadline, t)
         return deadline
 
@@ -134,7 +138,7 @@ class BatchPlanner(Generic[T]):
         best: Shape | None = None
         best_turn: tuple[int, float] | None = None
         for shape, bucket in self._buckets.items():
-            ready = len(bucket) >= self.max_batch or min(e.t for e in bucket) + self.window_s <= now
+            ready = len(bucket) >= self.max_batch or bucket[0].t + self.window_s <= now
             if not ready:
                 continue
             turn = min(self._turn(e) for e in bucket)
