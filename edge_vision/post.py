@@ -411,6 +411,11 @@ class EfficientNmsHead:
         return _finish(np.ascontiguousarray(dets, np.float32), lb, self.max_detections)
 
 
+def is_db_map(output_shapes: Sequence[tuple[int, ...]]) -> bool:
+    """One output, one probability map a frame (``[B, 1, H, W]``): DBNet's."""
+    return len(output_shapes) == 1 and len(output_shapes[0]) == 4 and output_shapes[0][1] == 1
+
+
 def pick_head_name(output_shapes: Sequence[tuple[int, ...]]) -> str:
     """Which head decodes outputs of these (batch-first, concrete) shapes."""
     shapes = [tuple(s) for s in output_shapes]
@@ -418,7 +423,7 @@ def pick_head_name(output_shapes: Sequence[tuple[int, ...]]) -> str:
         return "efficient_nms"
     if len(shapes) == 1:
         s = shapes[0]
-        if len(s) == 4 and s[1] == 1:
+        if is_db_map(shapes):
             return "dbnet"
         if len(s) == 3:
             _, a, b = s

@@ -36,7 +36,7 @@ from ..config import Config
 from ..cuda import PinnedBuffer
 from ..errors import EngineError
 from ..models import ModelSpec
-from ..post import db_map_bytes
+from ..post import db_map_bytes, is_db_map
 from .base import U8Array
 from .gpu_base import GpuEngine, GpuSlot
 
@@ -176,8 +176,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         x = x.to(self._dtype) * self._scale + self._shift
         outputs = [o.float() for o in self._module(x)]
         t = self._db_threshold
-        one_map = len(outputs) == 1 and outputs[0].dim() == 4 and outputs[0].shape[1] == 1
-        if t is not None and one_map:  # one probability map a frame: DBNet's
+        if t is not None and is_db_map([tuple(o.shape) for o in outputs]):
             return [db_map_bytes(self._torch, outputs[0], t)]
         return outputs
 
