@@ -91,13 +91,7 @@ class Connection:
         cfg = ctx.config
         # The session's rules (session_core.py), counting into the session itself so a
         # resumed session's counters carry on; the runner carries out what it decides.
-        self.core: FrameCore = SessionCore(
-            session.mode,
-            latest_in_flight=cfg.session.latest_in_flight,
-            every_in_flight=cfg.session.every_in_flight,
-            every_queue=cfg.session.every_queue,
-            books=session,
-        )
+        self.core: FrameCore = SessionCore.from_config(session.mode, cfg.session, books=session)
         self.runner = SessionRunner(
             self.core,
             ctx.pipeline,

@@ -51,9 +51,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 
 from .settings import Mode
+
+if TYPE_CHECKING:
+    from .config import SessionConfig
 
 F = TypeVar("F")  # a frame, as the shell holds it (receive.FrameMessage in the server)
 R = TypeVar("R")  # a reply, as the shell sends it (a result or a ClientError)
@@ -163,6 +166,26 @@ class SessionCore(Generic[F, R]):
         self._closed = False
 
     # -- state the shell reads ----------------------------------------------------------
+
+    @classmethod
+    def from_config(
+        cls,
+        mode: Mode,
+        session: SessionConfig,
+        *,
+        every_in_flight: int | None = None,
+        books: Books | None = None,
+    ) -> SessionCore[F, R]:
+        """A core with the server's limits for a connection (``session.*``): the one
+        wiring the server and in-process replay share; ``every_in_flight`` overrides
+        ``session.every_in_flight`` (replay's ``--in-flight``)."""
+        return cls(
+            mode,
+            latest_in_flight=session.latest_in_flight,
+            every_in_flight=every_in_flight or session.every_in_flight,
+            every_queue=session.every_queue,
+            books=books,
+        )
 
     @property
     def mode(self) -> Mode:

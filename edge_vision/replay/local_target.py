@@ -78,12 +78,8 @@ class LocalTarget:
         self.description = f"in-process {engine.kind if engine else cfg.engine.kind}"
         # The server's own rules and limits for a connection (docs/protocol.md, Admission);
         # --in-flight overrides session.every_in_flight.
-        s = cfg.session
-        core: FrameCore = SessionCore(
-            self.mode,
-            latest_in_flight=s.latest_in_flight,
-            every_in_flight=self._in_flight_opt or s.every_in_flight,
-            every_queue=s.every_queue,
+        core: FrameCore = SessionCore.from_config(
+            self.mode, cfg.session, every_in_flight=self._in_flight_opt
         )
         self._runner = SessionRunner(
             core,
