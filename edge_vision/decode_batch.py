@@ -48,6 +48,7 @@ tests/gpu/test_decode_gpu.py checks that under concurrent load.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import importlib
 import logging
@@ -564,12 +565,17 @@ class DecodeBatcher:
         *,
         max_batch: int,
         in_flight: int,
+        release: Callable[[Prepared], None] | None = None,
     ) -> None:
         self.host = host
         self.device = device
         self.executor = executor
         self.max_batch = max_batch
         self.in_flight = in_flight
+        # Gives back the canvas of a frame whose caller went away while it was decoded.
+        self._release = release
+        self._abandoned: set[concurrent.futures.Future[Prepared]] = set()
+        self._abandoned_lock = threading.Lock()
         self._waiting: list[tuple[DecodeRequest, asyncio.Future[Prepared]]] = []
         self._running = 0
         self.batches = 0  # device calls made (tests and logs read these)
@@ -580,11 +586,33 @@ class DecodeBatcher:
         engine cannot read device memory): the host path."""
         loop = asyncio.get_running_loop()
         if not (device and self.device is not None and self.device.takes(request)):
-            return await loop.run_in_executor(self.executor, self.host.decode_one, request)
+            job = self.executor.submit(self.host.decode_one, request)
+            try:
+                return await asyncio.wrap_future(job)
+            except asyncio.CancelledError:  # a worker may still be decoding it
+                with self._abandoned_lock:
+                    self._abandoned.add(job)
+                job.add_done_callback(self._release_abandoned)
+                raise
         fut: asyncio.Future[Prepared] = loop.create_future()
         self._waiting.append((request, fut))
         self._kick(loop)
         return await fut
+
+    def _release_abandoned(self, job: concurrent.futures.Future[Prepared]) -> None:
+        """(Any thread.) The canvas of a decode nobody waits for any more goes back."""
+        with self._abandoned_lock:
+            self._abandoned.discard(job)
+        if not job.cancelled() and job.exception() is None and self._release is not None:
+            self._release(job.result())
+
+    async def drain(self) -> None:
+        """Wait until the decodes whose callers went away have finished (and given back
+        their canvases)."""
+        with self._abandoned_lock:
+            jobs = list(self._abandoned)
+        if jobs:
+            await asyncio.gather(*(asyncio.wrap_future(j) for j in jobs), return_exceptions=True)
 
     def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._waiting and self._running < self.in_flight:
@@ -617,7 +645,9 @@ class DecodeBatcher:
         self.batches += 1
         self.batched_frames += len(batch)
         for (_, fut), outcome in zip(batch, outcomes, strict=True):
-            if fut.done():  # the frame's caller went away; a device canvas is just dropped
+            if fut.done():  # the frame's caller went away: its canvas goes back
+                if isinstance(outcome, Prepared) and self._release is not None:
+                    self._release(outcome)  # a no-op for a device canvas
                 continue
             if isinstance(outcome, ClientError):
                 fut.set_exception(outcome)

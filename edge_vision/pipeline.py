@@ -92,8 +92,6 @@ class FramePipeline:
         self.budget = MemoryBudget(config.server.memory_budget_bytes // config.server.workers)
         self.pool = pool or BufferPool(budget=self.budget)
         self._housekeeping: asyncio.Task[None] | None = None
-        # Decodes whose caller was cancelled: their canvases go back when they finish.
-        self._abandoned: set[asyncio.Future[Prepared]] = set()
         self._own_executor = executor is None
         self.executor = executor or ThreadPoolExecutor(
             worker_count(config.decode.workers), thread_name_prefix="frame"
@@ -108,6 +106,7 @@ class FramePipeline:
             self.executor,
             max_batch=d.device_batch,
             in_flight=d.device_streams,
+            release=self.release,
         )
         service.on_engine_change(self._engine_changed)
         # Reading the boxes' text (read.py): the recogniser loads when a session asks.
@@ -155,8 +154,7 @@ class FramePipeline:
     async def close(self) -> None:
         if self._housekeeping is not None:
             await cancel_and_wait(self._housekeeping)
-        if self._abandoned:
-            await asyncio.gather(*self._abandoned, return_exceptions=True)
+        await self.decoding.drain()  # abandoned decodes give their canvases back
         await self.reading.close()
         if self._own_executor:
             await asyncio.to_thread(self.executor.shutdown, True)
@@ -263,18 +261,8 @@ class FramePipeline:
             request = self.request_for(frame, settings.input_size)
         engine = self.service.engine
         on_device = engine is not None and engine.accepts_device_frames
-        decoding = asyncio.ensure_future(self.decoding.decode(request, device=on_device))
-        try:
-            return await asyncio.shield(decoding)
-        except asyncio.CancelledError:
-            self._abandoned.add(decoding)
-            decoding.add_done_callback(self._release_abandoned)
-            raise
-
-    def _release_abandoned(self, decoding: asyncio.Future[Prepared]) -> None:
-        self._abandoned.discard(decoding)
-        if not decoding.cancelled() and decoding.exception() is None:
-            self.release(decoding.result())
+        # Cancelled while decoding, the batcher gives the canvas back once it is made.
+        return await self.decoding.decode(request, device=on_device)
 
     def release(self, prepared: Prepared) -> None:
         """Give a prepared frame's canvas back (:meth:`finish` does so itself)."""
