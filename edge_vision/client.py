@@ -40,7 +40,7 @@ import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -144,7 +144,7 @@ class Counters:
     rejected: int = 0
 
 
-_COUNTERS = frozenset(("received", "answered", "dropped", "rejected"))
+_COUNTERS = frozenset(f.name for f in fields(Counters))
 
 
 @dataclass(slots=True)
