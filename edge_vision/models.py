@@ -38,18 +38,23 @@ PRESETS: dict[str, tuple[Normalisation, int]] = {
 PRESET_FIT: dict[str, Fit] = {"ppocr_det": "stretch", "yolo": "letterbox"}
 
 
-def default_model_path() -> Path:
-    """The PP-OCRv6 detector inside the installed ``rapidocr`` package."""
+def rapidocr_model(file_name: str, needed_for: str = "the default model") -> Path:
+    """A model file shipped in the installed ``rapidocr`` package (its ``models/``)."""
     try:
-        res = importlib.resources.files("rapidocr") / "models" / DEFAULT_MODEL_FILE
+        res = importlib.resources.files("rapidocr") / "models" / file_name
     except ModuleNotFoundError as e:
         raise ModelError(
-            "the default model comes with the 'rapidocr' package: pip install rapidocr"
+            f"{needed_for} comes with the 'rapidocr' package: pip install rapidocr"
         ) from e
     path = Path(str(res))
     if not path.is_file():
-        raise ModelError(f"rapidocr is installed but {DEFAULT_MODEL_FILE} is missing at {path}")
+        raise ModelError(f"rapidocr is installed but {file_name} is missing at {path}")
     return path
+
+
+def default_model_path() -> Path:
+    """The PP-OCRv6 detector inside the installed ``rapidocr`` package."""
+    return rapidocr_model(DEFAULT_MODEL_FILE)
 
 
 def file_sha256(path: Path) -> str:

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.resources
 import json
 import logging
 import math
@@ -69,6 +68,7 @@ import numpy.typing as npt
 
 from .config import Config
 from .errors import ClientError, EngineError, ModelError
+from .models import rapidocr_model
 from .track import Tracker, TrackerSettings
 
 log = logging.getLogger(__name__)
@@ -85,13 +85,7 @@ DEFAULT_RECOGNISER = "PP-OCRv6_rec_small.onnx"
 
 def default_recogniser_path() -> Path:
     """The recogniser shipped in the rapidocr wheel (the default detector's own)."""
-    try:
-        root = importlib.resources.files("rapidocr")
-    except ModuleNotFoundError as e:
-        raise ModelError(
-            "reading needs the rapidocr wheel (pip install rapidocr) or read.model_path"
-        ) from e
-    return Path(str(root / "models" / DEFAULT_RECOGNISER))
+    return rapidocr_model(DEFAULT_RECOGNISER, "reading (unless read.model_path is set)")
 
 
 # -- CTC --------------------------------------------------------------------------------
