@@ -123,6 +123,16 @@ class ServerConfig(_Section):
         "discarding for at most this long, so a client still writing its message receives "
         "the close frame instead of a connection reset; 0 closes at once.",
     )
+    gil_switch_ms: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description="Each worker process's GIL switch interval (sys.setswitchinterval), in "
+        "ms; none keeps Python's 5 ms. A thread back from native code (OpenCV, the GPU "
+        "decoder, a CUDA wait) can wait this long for the GIL while another thread runs "
+        "Python, so at many frames a second a shorter interval takes that wait out of every "
+        "stage's latency (docs/benchmarks.md).",
+    )
     test_echo_route: bool = Field(
         False,
         description="Tests only: serve a WebSocket echo route at /test/echo with /ws's "
@@ -228,6 +238,12 @@ class TorchConfig(EngineSection):
     device: str = Field("cuda:0", description="Torch device for the converted ONNX graph.")
     fp16: bool = Field(True, description="Run in half precision.")
     cuda_graphs: bool = Field(True, description="Capture a CUDA graph per (batch, shape) bucket.")
+    channels_last: bool = Field(
+        True,
+        description="On a CUDA device, convolutions run on NHWC tensors (the frames already "
+        "arrive NHWC) and cuDNN picks each convolution's fastest algorithm at warm-up, "
+        "before the CUDA graphs are captured.",
+    )
     device_post: bool = Field(
         True,
         description="On a CUDA device, a DBNet model's probability map is binarised and "

@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import importlib
 import logging
 import queue
@@ -67,7 +68,7 @@ import numpy.typing as npt
 
 from .decode import Allocator, BufferPool, ImageHeader, numpy_allocator
 from .errors import ClientError, ConfigError
-from .shape import Letterbox
+from .shape import Letterbox, area_taps
 
 log = logging.getLogger(__name__)
 
@@ -458,9 +459,11 @@ class CudaBatchDecoder:
             _, h, w = shape
             x = torch.stack([images[i] for i in idx])
             if (h, w) != (lb.new_h, lb.new_w):
-                mode = "area" if w > lb.new_w else "bilinear"
-                kw = {"align_corners": False} if mode == "bilinear" else {}
-                x = f.interpolate(x.float(), size=(lb.new_h, lb.new_w), mode=mode, **kw)
+                if h >= lb.new_h and w >= lb.new_w:
+                    x = area_resize(torch, x.float(), lb.new_h, lb.new_w)
+                else:
+                    size = (lb.new_h, lb.new_w)
+                    x = f.interpolate(x.float(), size=size, mode="bilinear", align_corners=False)
                 x = x.round_().clamp_(0, 255).to(torch.uint8)
             out = torch.full(
                 (len(idx), lb.out_h, lb.out_w, 3), pad, dtype=torch.uint8, device=self.device
@@ -513,6 +516,35 @@ class CudaBatchDecoder:
         with self._lock:
             self.host_frames += len(to_host)
         return [o if o is not None else ClientError("bad_image", "not decoded") for o in out]
+
+
+def area_resize(torch: Any, x: Any, new_h: int, new_w: int) -> Any:
+    """Shrink float ``[N, C, H, W]`` images to ``new_h × new_w`` as cv2's ``INTER_AREA``
+    does (:func:`~edge_vision.shape.area_taps`): width, then height, each output a weighted
+    sum of the few inputs it covers. Exact for fractional factors too (1280x720 to
+    640x352), where torch's ``area`` mode (adaptive average pooling) rounds each window
+    to whole pixels. Runs wherever ``x`` is: the device letterbox, and CI's CPU tests."""
+    for axis, n_out in ((3, new_w), (2, new_h)):
+        n_in = x.shape[axis]
+        if n_in == n_out:
+            continue
+        index, weight = _device_taps(torch, n_in, n_out, x.device)
+        shape = [1, 1, 1, 1]
+        shape[axis] = n_out
+        acc = None
+        for k in range(index.shape[1]):
+            term = x.index_select(axis, index[:, k]) * weight[:, k].reshape(shape)
+            acc = term if acc is None else acc.add_(term)
+        x = acc
+    return x
+
+
+@functools.lru_cache(maxsize=64)
+def _device_taps(torch: Any, n_in: int, n_out: int, device: Any) -> tuple[Any, Any]:
+    """:func:`~edge_vision.shape.area_taps` on ``device``, made once per size (a copy to
+    the device each call would wait for the GPU)."""
+    index, weight = area_taps(n_in, n_out)
+    return torch.from_numpy(index).to(device), torch.from_numpy(weight).to(device)
 
 
 def make_device_decoder(

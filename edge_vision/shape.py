@@ -19,6 +19,8 @@ stretch), so boxes map back to frame pixels exactly.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -139,6 +141,40 @@ def plan_fit(src_w: int, src_h: int, out_h: int, out_w: int, fit: Fit) -> Letter
 def plan_for_frame(width: int, height: int, limits: InputLimits) -> Letterbox:
     h, w = choose_input_shape(width, height, limits)
     return plan_fit(width, height, h, w, limits.fit)
+
+
+@functools.lru_cache(maxsize=64)
+def area_taps(n_in: int, n_out: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """OpenCV's ``INTER_AREA`` weights for shrinking one axis from ``n_in`` to ``n_out``
+    samples: output ``i`` is ``sum_k weight[i, k] * input[index[i, k]]``, each output the
+    mean of the input it covers, a partly covered input weighted by how much of it is
+    covered (as cv2's ``computeResizeAreaTab`` has them). ``(n_out, K)`` arrays; unused
+    taps have weight 0. The device letterbox applies them one axis after the other, as
+    cv2 does, so frames shrunk by a fraction (1280x720 to 640x352) match the host's."""
+    if not 0 < n_out <= n_in:
+        raise ValueError(f"area taps shrink an axis: {n_in} -> {n_out}")
+    scale = n_in / n_out
+    rows: list[list[tuple[int, float]]] = []
+    for d in range(n_out):
+        f1 = d * scale
+        f2 = f1 + scale
+        s2 = min(math.floor(f2), n_in - 1)
+        s1 = min(math.ceil(f1), s2)
+        cell = min(scale, n_in - f1)
+        taps: list[tuple[int, float]] = []
+        if s1 - f1 > 1e-3:
+            taps.append((s1 - 1, (s1 - f1) / cell))
+        taps += [(s, 1.0 / cell) for s in range(s1, s2)]
+        if f2 - s2 > 1e-3:
+            taps.append((s2, min(f2 - s2, 1.0, cell) / cell))
+        rows.append(taps)
+    k = max(len(t) for t in rows)
+    index = np.zeros((n_out, k), np.int64)
+    weight = np.zeros((n_out, k), np.float32)
+    for d, taps in enumerate(rows):
+        for j, (src, w) in enumerate(taps):
+            index[d, j], weight[d, j] = src, w
+    return index, weight
 
 
 def letterbox_into(src: U8Array, lb: Letterbox, dst: U8Array, pad_value: int) -> None:

@@ -32,6 +32,7 @@ import math
 import os
 import queue
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -324,6 +325,8 @@ def _serve(
 ) -> None:
     from .server import STATE, create_app
 
+    if config.server.gil_switch_ms is not None:
+        sys.setswitchinterval(config.server.gil_switch_ms / 1000.0)
     app = create_app(config)
     if workers_warm is not None:
         app[STATE]["workers_warm"] = workers_warm

@@ -125,6 +125,11 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         if self.cuda:
             torch.cuda.set_device(self._device)
         self._module = module.to(self._device)
+        if self.cuda and self.tcfg.channels_last:
+            # The NHWC uint8 input permuted to NCHW is channels-last already; the weights
+            # follow, and cuDNN times its algorithms in the warm-up runs before capture.
+            self._module = self._module.to(memory_format=torch.channels_last)
+            torch.backends.cudnn.benchmark = True
         scale, shift = (torch.from_numpy(a) for a in self.spec.normalisation.scale_shift())
         self._scale = scale.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._shift = shift.reshape(1, 3, 1, 1).to(self._device, dtype)
@@ -174,7 +179,9 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         if self.spec.normalisation.rgb:
             x = x.flip(1)
         x = x.to(self._dtype) * self._scale + self._shift
-        outputs = [o.float() for o in self._module(x)]
+        # Contiguous: the D2H copies read each output as packed rows (channels-last
+        # convolutions may leave a 4-D output strided NHWC).
+        outputs = [o.float().contiguous() for o in self._module(x)]
         t = self._db_threshold
         if t is not None and is_db_map([tuple(o.shape) for o in outputs]):
             return [db_map_bytes(self._torch, outputs[0], t)]
@@ -289,6 +296,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
             "cuda_graphs": self.tcfg.cuda_graphs,
             "graphs_captured": self.graph_captures,
             "device_post": self._db_threshold is not None,
+            "channels_last": self.cuda and self.tcfg.channels_last,
         }
         if self.runtime is not None:
             d["gpu"] = self.runtime.device_name()

@@ -34,6 +34,7 @@ from edge_vision.infer import InferenceService
 from edge_vision.models import ModelSpec
 from edge_vision.pipeline import FramePipeline
 from edge_vision.receive import FrameMessage
+from edge_vision.shape import letterbox_into
 
 from ..support.images import blank_scene, text_scene
 from ..support.server import make_config
@@ -251,3 +252,26 @@ async def test_service_end_to_end_through_the_host_batch_decoder(spec: ModelSpec
     assert len(res.detections) == 1 and res.timing["decode_ms"] > 0
     x1, y1, x2, y2 = res.detections[0][:4]
     assert x1 < 320 < x2 and y1 < 290 < y2
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1920, 1080), (1000, 700)])
+def test_mock_device_letterbox_of_a_fractional_shrink_equals_the_host_letterbox(
+    pipeline: FramePipeline, size: tuple[int, int]
+) -> None:
+    """1280x720 stretched to 640x352 shrinks its height by 2.045: the device letterbox
+    must weigh partly covered rows as cv2's INTER_AREA does (torch's own ``area`` mode
+    was 2.1 grey levels off on average, 37 at most, on text edges), so the engine sees
+    the frame the host path would give it, whichever decoder made it."""
+    dec = _stand_in(pipeline)
+    torch = dec._torch
+    w, h = size
+    scene = text_scene(w, h, seed=5)
+    req = _request(pipeline, scene.jpeg())
+    lb = req.letterbox
+    assert w % lb.new_w or h % lb.new_h  # a shrink by a fraction on at least one axis
+    rgb = simplejpeg.decode_jpeg(req.data, colorspace="RGB")
+    (canvas,) = dec.letterbox([torch.from_numpy(rgb.copy()).permute(2, 0, 1)], [lb], 114)
+    ref = np.empty((lb.out_h, lb.out_w, 3), np.uint8)
+    letterbox_into(rgb[:, :, ::-1].copy(), lb, ref, 114)
+    diff = np.abs(canvas.numpy().astype(np.int16) - ref)
+    assert diff.mean() < 0.05 and diff.max() <= 1
