@@ -58,7 +58,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -586,7 +586,8 @@ class DecodeBatcher:
 
     Device frames wait while all ``in_flight`` device calls are busy; when one finishes,
     everything waiting (up to ``max_batch``) goes in the next call, so batches grow with
-    the load and a lone frame is decoded at once. Host frames are one worker job each.
+    the load and a lone frame is decoded at once. Host frames are one worker job each in
+    the shared pool; device calls run on ``in_flight`` threads of their own.
     """
 
     def __init__(
@@ -610,6 +611,10 @@ class DecodeBatcher:
         self._abandoned_lock = threading.Lock()
         self._waiting: list[tuple[DecodeRequest, asyncio.Future[Prepared]]] = []
         self._running = 0
+        # A device call holds its thread while the GPU works (it waits for its stream):
+        # a thread per call in flight of its own, so that post-processing and host decodes
+        # in the shared pool never queue behind GPU waits (made with the first call).
+        self._device_threads: ThreadPoolExecutor | None = None
         self.batches = 0  # device calls made (tests and logs read these)
         self.batched_frames = 0
 
@@ -640,11 +645,14 @@ class DecodeBatcher:
 
     async def drain(self) -> None:
         """Wait until the decodes whose callers went away have finished (and given back
-        their canvases)."""
+        their canvases), then let the device calls' threads go."""
         with self._abandoned_lock:
             jobs = list(self._abandoned)
         if jobs:
             await asyncio.gather(*(asyncio.wrap_future(j) for j in jobs), return_exceptions=True)
+        threads, self._device_threads = self._device_threads, None
+        if threads is not None:
+            await asyncio.to_thread(threads.shutdown, True)
 
     def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._waiting and self._running < self.in_flight:
@@ -660,9 +668,13 @@ class DecodeBatcher:
     ) -> None:
         if self.device is None:  # pragma: no cover - decode() batches only for a device
             raise RuntimeError("no device decoder")
+        if self._device_threads is None:
+            self._device_threads = ThreadPoolExecutor(
+                self.in_flight, thread_name_prefix="gpu-decode"
+            )
         try:
             outcomes = await loop.run_in_executor(
-                self.executor, self.device.decode_batch, [r for r, _ in batch]
+                self._device_threads, self.device.decode_batch, [r for r, _ in batch]
             )
         except BaseException as e:  # a bug or a CUDA failure: every frame of it fails
             for _, fut in batch:
