@@ -129,9 +129,9 @@ class ServerConfig(_Section):
         le=100,
         description="Each worker process's GIL switch interval (sys.setswitchinterval), in "
         "ms; none keeps Python's 5 ms. A thread back from native code (OpenCV, the GPU "
-        "decoder, a CUDA wait) can wait this long for the GIL while another thread runs "
-        "Python, so at many frames a second a shorter interval takes that wait out of every "
-        "stage's latency (docs/benchmarks.md).",
+        "decoder, a CUDA wait) can wait up to this long for the GIL while another thread "
+        "runs Python. For tuning: 0.5 ms made no difference at 64 cameras on the H200 "
+        "(docs/benchmarks.md).",
     )
     test_echo_route: bool = Field(
         False,
@@ -239,10 +239,12 @@ class TorchConfig(EngineSection):
     fp16: bool = Field(True, description="Run in half precision.")
     cuda_graphs: bool = Field(True, description="Capture a CUDA graph per (batch, shape) bucket.")
     channels_last: bool = Field(
-        True,
+        False,
         description="On a CUDA device, convolutions run on NHWC tensors (the frames already "
         "arrive NHWC) and cuDNN picks each convolution's fastest algorithm at warm-up, "
-        "before the CUDA graphs are captured.",
+        "before the CUDA graphs are captured. Off by default: on the H200 it changed the "
+        "engine's ceiling by -4 % at batch 8 and +2 % at batch 16 (docs/benchmarks.md), "
+        "and the GPU tests against ONNX Runtime have not run with it.",
     )
     device_post: bool = Field(
         True,
