@@ -123,6 +123,17 @@ class ServerConfig(_Section):
         "discarding for at most this long, so a client still writing its message receives "
         "the close frame instead of a connection reset; 0 closes at once.",
     )
+    opencv_threads: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="Threads OpenCV may use inside one call (cv2.setNumThreads), in each "
+        "worker process; none keeps OpenCV's one per core. The service already runs "
+        "frames in parallel on decode.workers threads, beside which OpenCV's own pool "
+        "wakes threads for images this small. For tuning: on the 2-core CPU path, 1 "
+        "answered 15-28 % fewer frames than the default (docs/benchmarks.md); on a GPU "
+        "host it has not been measured.",
+    )
     gil_switch_ms: float | None = Field(
         None,
         gt=0,

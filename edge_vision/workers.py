@@ -327,6 +327,10 @@ def _serve(
 
     if config.server.gil_switch_ms is not None:
         sys.setswitchinterval(config.server.gil_switch_ms / 1000.0)
+    if config.server.opencv_threads is not None:
+        import cv2
+
+        cv2.setNumThreads(config.server.opencv_threads)
     app = create_app(config)
     if workers_warm is not None:
         app[STATE]["workers_warm"] = workers_warm
