@@ -37,6 +37,7 @@ from .metrics import Metrics
 from .pipeline import FramePipeline, FrameResult
 from .read import SessionReading
 from .receive import (
+    ClientMessage,
     FrameMessage,
     MessageBudget,
     PingMessage,
@@ -58,6 +59,16 @@ log = logging.getLogger(__name__)
 
 class ConnectionDone(Exception):
     """The socket is gone or being closed; stop this connection's tasks."""
+
+
+class _InvalidText:
+    """A text message that is not UTF-8 (RFC 6455 section 8.1: the connection fails)."""
+
+
+INVALID_TEXT = _InvalidText()
+
+#: What :meth:`Connection._parse` makes of one message.
+Parsed = ClientMessage | ClientError | _InvalidText
 
 
 @dataclass
@@ -257,11 +268,17 @@ class Connection:
                 await self.close(CloseCode.IDLE_TIMEOUT, "idle timeout", "idle")
                 return
             if msg.type is WSMsgType.TEXT or msg.type is WSMsgType.BINARY:
+                parsed = self._parse(msg.type, msg.data)
+                # Neither the message nor its frame (each up to max_message_bytes) is held
+                # here longer than needed: the message not while its frame is handled (a
+                # binary frame's image is its own copy, charged to the budget), the frame
+                # not while waiting for the next message.
+                del msg
                 try:
-                    queued_in_order = await self._handle(msg.type, msg.data)
+                    queued_in_order = await self._handle(parsed)
                 except ConnectionDone:
                     return
-                del msg  # not held (up to max_message_bytes) while waiting for the next
+                del parsed
                 # The read budget: an 'every' frame that was admitted is paced already (its
                 # queue's back-pressure); anything else spends from the budget.
                 if not queued_in_order:
@@ -326,21 +343,30 @@ class Connection:
         else:
             log.info("session %s: connection lost (%s)", s.id, type(exc).__name__)
 
-    async def _handle(self, kind: WSMsgType, data: Any) -> bool:
-        """Answer or admit one message. True for a frame admitted in 'every' mode (it
-        waited for room in the queue, so the read budget does not pace it again)."""
+    def _parse(self, kind: WSMsgType, data: Any) -> Parsed:
+        """One message parsed and, for a frame, its cheap checks made (in either mode: in
+        latest mode a newer frame may take this one's place before it is decoded, and its
+        error would be lost); the error it earned instead, or :data:`INVALID_TEXT`."""
         now = time.perf_counter()
-        s, m = self.session, self.ctx.metrics
         try:
             parsed = parse_text(data, now) if kind is WSMsgType.TEXT else parse_binary(data, now)
             if isinstance(parsed, FrameMessage):
-                # Cheap checks now, in either mode: in latest mode a newer frame may take
-                # this one's place before it is decoded, and its error would be lost.
                 check_frame(parsed, self.ctx.config.server.max_pixels)
         except ClientError as e:
             if kind is WSMsgType.TEXT and e.code == "bad_json" and not is_valid_utf8(data):
-                await self._invalid_text()
-                raise ConnectionDone from None
+                return INVALID_TEXT
+            return e
+        return parsed
+
+    async def _handle(self, parsed: Parsed) -> bool:
+        """Answer or admit one parsed message. True for a frame admitted in 'every' mode (it
+        waited for room in the queue, so the read budget does not pace it again)."""
+        s, m = self.session, self.ctx.metrics
+        if parsed is INVALID_TEXT:
+            await self._invalid_text()
+            raise ConnectionDone
+        if isinstance(parsed, ClientError):
+            e = parsed
             if e.code == "bad_settings":  # not a frame: an error reply, no frame counter
                 m.frames_rejected.labels(e.code).inc()
                 await self.send(reply.client_error(e))

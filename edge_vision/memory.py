@@ -5,7 +5,9 @@ threshold after the first large block is freed (up to 32 MiB, ``mallopt(3)``), s
 8 MiB messages and frame buffers come from the heap and its per-thread arenas; when the
 burst ends those pages stay mapped ("glibc kept 2.2 GB after the burst", issue 12).
 ``malloc_trim(0)`` (glibc >= 2.8) returns every free page of every arena with
-``MADV_DONTNEED`` — measured in docs/benchmarks.md, "Memory budget".
+``MADV_DONTNEED`` — measured in docs/benchmarks.md, "Memory budget". Each server
+process also fixes the threshold at ``server.mmap_threshold_bytes`` when it starts
+(:func:`fix_mmap_threshold`), so large blocks never enter the heap at all.
 
 :func:`keep_pool_trimmed` is the server's background task: once the decode pool has been
 unused for ``decode.pool_idle_s`` after being used, it frees idle buffers beyond
@@ -52,6 +54,27 @@ def malloc_trim() -> bool:
 
 def trim_available() -> bool:
     return _libc() is not None
+
+
+#: ``mallopt(3)``'s parameter for the mmap threshold (glibc's malloc.h).
+_M_MMAP_THRESHOLD = -3
+
+
+def fix_mmap_threshold(nbytes: int) -> bool:
+    """Serve every block of ``nbytes`` or more with its own mmap, and keep glibc from
+    raising that threshold as big blocks are freed (``mallopt(M_MMAP_THRESHOLD)``); False
+    where that is not available. A large message or frame is then given back to the
+    system the moment it is freed, instead of staying in an arena's heap, so a burst of
+    large messages peaks lower and leaves nothing to trim (``server.mmap_threshold_bytes``,
+    measured in docs/benchmarks.md, "Memory budget"). Blocks under it (a 1280x720 JPEG,
+    a 640x352 canvas) are untouched."""
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None) if libc is not None else None
+    if mallopt is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, nbytes))
 
 
 #: A node that never goes quiet still trims this often: a burst of big messages amid

@@ -325,6 +325,11 @@ def _serve(
 ) -> None:
     from .server import STATE, create_app
 
+    if config.server.mmap_threshold_bytes is not None:
+        from .memory import fix_mmap_threshold
+
+        if not fix_mmap_threshold(config.server.mmap_threshold_bytes):
+            log.info("server.mmap_threshold_bytes: mallopt is not available here")
     if config.server.gil_switch_ms is not None:
         sys.setswitchinterval(config.server.gil_switch_ms / 1000.0)
     if config.server.opencv_threads is not None:

@@ -231,7 +231,9 @@ async def _frame_counters(http: aiohttp.ClientSession, url: str) -> dict[str, fl
 
 # Beyond the budget a connection holds about one message (of up to max_message_bytes)
 # that aiohttp read ahead (budget.py, docs/security.md): the documented worst case the
-# peak is checked against, plus 64 MiB for transient copies. Measured: 236-690 MiB.
+# peak is checked against, plus 64 MiB for transient copies. Measured: 236-690 MiB;
+# 818-886 MiB on 2026-12-01 with glibc's rising mmap threshold, which kept 8 MiB blocks
+# in the heap; 611-681 MiB with server.mmap_threshold_bytes at 256 KiB (memory.py).
 BEYOND_BUDGET = 64 * 9 * MiB + 64 * MiB
 
 
