@@ -270,10 +270,20 @@ class TorchConfig(EngineSection):
     )
     device_post: bool = Field(
         True,
-        description="On a CUDA device, a DBNet model's probability map is binarised and "
-        "quantised to one byte a pixel on the GPU, inside the captured graph "
+        description="On a CUDA device, inside the captured graph: a DBNet model's "
+        "probability map is binarised and quantised to one byte a pixel "
         "(post.DB_MAP_BYTES): 4x less to copy back and no threshold pass on the host; box "
-        "scores stay within 0.003 of the float map's. false: the float map comes back.",
+        "scores stay within 0.003 of the float map's. A YOLO v8/v11 raw output comes back "
+        "as its yolo_candidates best-scoring anchors only (post.yolo_v8_top_anchors): the "
+        "same detections while no more anchors than that reach the confidence threshold. "
+        "false: the model's outputs come back whole.",
+    )
+    yolo_candidates: int = Field(
+        1024,
+        ge=1,
+        description="With device_post, how many of a YOLO v8/v11 output's anchors (8,400 at "
+        "640x640) come back from the GPU, best class score first, for the host's "
+        "confidence filter and NMS; model.max_detections are kept after NMS.",
     )
 
 

@@ -27,6 +27,7 @@ T = TypeVar("T")
 def _nothing() -> None:
     return None
 
+
 log = logging.getLogger(__name__)
 
 U8Array = npt.NDArray[np.uint8]

@@ -36,7 +36,7 @@ from ..config import Config
 from ..cuda import PinnedBuffer
 from ..errors import EngineError
 from ..models import ModelSpec
-from ..post import db_map_bytes, is_db_map
+from ..post import db_map_bytes, is_db_map, is_yolo_v8_raw, yolo_v8_top_anchors
 from .base import U8Array
 from .gpu_base import GpuEngine, GpuSlot
 
@@ -88,8 +88,10 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         self._scale: Any = None
         self._shift: Any = None
         self.graph_captures = 0
-        # A DBNet map is made a byte map on the device (engine.torch.device_post).
+        # On the device (engine.torch.device_post): a DBNet map is made a byte map, a
+        # YOLO v8/v11 output is cut to its best anchors.
         self._db_threshold: float | None = None
+        self._yolo_candidates: int | None = None
 
     @property
     def cuda(self) -> bool:
@@ -134,8 +136,11 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         self._scale = scale.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._shift = shift.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._dtype = dtype
-        if self.cuda and self.tcfg.device_post and self.config.model.head in ("auto", "dbnet"):
+        head = self.config.model.head
+        if self.cuda and self.tcfg.device_post and head in ("auto", "dbnet"):
             self._db_threshold = self.config.model.dbnet.bin_threshold
+        if self.cuda and self.tcfg.device_post and head in ("auto", "yolo_v8"):
+            self._yolo_candidates = self.tcfg.yolo_candidates
         if self.cuda:
             rt = self._open_runtime(self._device.index or 0)
             for i in range(self.max_in_flight):
@@ -182,9 +187,14 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         # Contiguous: the D2H copies read each output as packed rows (channels-last
         # convolutions may leave a 4-D output strided NHWC).
         outputs = [o.float().contiguous() for o in self._module(x)]
+        shapes = [tuple(o.shape) for o in outputs]
         t = self._db_threshold
-        if t is not None and is_db_map([tuple(o.shape) for o in outputs]):
+        if t is not None and is_db_map(shapes):
             return [db_map_bytes(self._torch, outputs[0], t)]
+        k = self._yolo_candidates
+        # Only when the cut output still reads as v8's (more anchors than rows).
+        if k is not None and is_yolo_v8_raw(shapes) and shapes[0][1] < k < shapes[0][2]:
+            return [yolo_v8_top_anchors(self._torch, outputs[0], k)]
         return outputs
 
     def _graph_for(self, slot: _Slot, b: int, h: int, w: int) -> _Graph:
@@ -295,7 +305,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
             "fp16": self.tcfg.fp16,
             "cuda_graphs": self.tcfg.cuda_graphs,
             "graphs_captured": self.graph_captures,
-            "device_post": self._db_threshold is not None,
+            "device_post": self._db_threshold is not None or self._yolo_candidates is not None,
             "channels_last": self.cuda and self.tcfg.channels_last,
         }
         if self.runtime is not None:
