@@ -12,21 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError, EngineError
-
-T = TypeVar("T")
-
-
-def _nothing() -> None:
-    return None
-
 
 log = logging.getLogger(__name__)
 
@@ -167,20 +159,14 @@ class CudaRuntime(ABC):
         and the completion is handed to the loop with ``call_soon_threadsafe``."""
         if self.query(event):
             return
-        await self.wait_then(event, _nothing)
-
-    async def wait_then(self, event: CudaEvent, then: Callable[[], T]) -> T:
-        """:meth:`wait`, then ``then()`` in the same worker thread (copying a batch's
-        outputs out of pinned memory: megabytes, never on the loop), its result handed to
-        the loop: one thread hand-off where a wait and then a copy job would be two."""
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
+        fut: asyncio.Future[None] = loop.create_future()
 
-        def _done(error: BaseException | None, result: T | None) -> None:
+        def _done(error: BaseException | None) -> None:
             if fut.cancelled():
                 return
             if error is None:
-                fut.set_result(result)  # type: ignore[arg-type]  # set with then()'s value
+                fut.set_result(None)
             else:
                 fut.set_exception(error)
 
@@ -188,14 +174,13 @@ class CudaRuntime(ABC):
             self.bind_thread()
             try:
                 self.synchronize_event(event)
-                result = then()
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
-                loop.call_soon_threadsafe(_done, e, None)
+                loop.call_soon_threadsafe(_done, e)
             else:
-                loop.call_soon_threadsafe(_done, None, result)
+                loop.call_soon_threadsafe(_done, None)
 
         self._waiters.submit(_block)
-        return await fut
+        await fut
 
     def close(self) -> None:
         self._waiters.shutdown(wait=False)

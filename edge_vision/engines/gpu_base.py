@@ -11,7 +11,7 @@ takes a free slot for its whole trip::
     --H2D (or D2D) per frame (slot stream)--> the backend's run (graph replay,
     execute_async_v3)
     --D2H (slot stream)--> pinned outputs --event--> awaited without blocking the loop
-    --> outputs copied out of the slot's pinned memory by the thread that waited
+    --> outputs copied out of the slot's pinned memory in a collector thread
 
 One launcher thread enqueues work, so batch k+1's copies run while batch k computes on
 another slot's stream. :class:`GpuEngine` does all of that; a backend implements
@@ -65,7 +65,7 @@ LayoutT = TypeVar("LayoutT")
 class GpuEngine(Engine, Generic[SlotT, LayoutT]):
     """A CUDA engine: the shared run path; see the module docstring."""
 
-    #: Thread name prefix of the launcher thread ("torch", "trt").
+    #: Thread name prefix of the launcher and collector threads ("torch", "trt").
     thread_prefix: ClassVar[str]
 
     def __init__(self, spec: ModelSpec, config: Config) -> None:
@@ -74,6 +74,7 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
         self._all_slots: list[SlotT] = []
         self._slot_pool: SlotPool[SlotT] = SlotPool(self._all_slots)
         self._launcher: ThreadPoolExecutor | None = None
+        self._collector: ThreadPoolExecutor | None = None
 
     @property
     def accepts_device_frames(self) -> bool:
@@ -86,6 +87,7 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
 
     async def start(self) -> None:
         self._launcher = ThreadPoolExecutor(1, thread_name_prefix=f"{self.thread_prefix}-launch")
+        self._collector = ThreadPoolExecutor(2, thread_name_prefix=f"{self.thread_prefix}-collect")
         # Importing torch or TensorRT reads hundreds of files: never on the event loop.
         await asyncio.get_running_loop().run_in_executor(self._launcher, self._start_sync)
 
@@ -134,24 +136,24 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
     @abstractmethod
     def _collect(self, slot: SlotT, layout: LayoutT, n: int) -> list[np.ndarray]:
         """The ``n`` real rows of each output, copied out of the slot's pinned memory (the
-        slot is reused by the next batch). Runs in the CUDA layer's thread that waited for
-        the batch's event (:meth:`~edge_vision.cuda.base.CudaRuntime.wait_then`)."""
+        slot is reused by the next batch). Runs in a collector thread."""
 
     async def _run_on_slot(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
         loop = asyncio.get_running_loop()
         async with self._slot_pool.take() as slot:
             try:
                 layout = await loop.run_in_executor(self._launcher, self._launch, slot, frames)
-                # Megabytes per batch, copied out by the thread that waited for them.
-                return await self._rt().wait_then(
-                    slot.event, lambda: self._collect(slot, layout, len(frames))
-                )
+                await self._rt().wait(slot.event)
             except RuntimeError as e:  # torch and pybind11 report CUDA failures so
                 raise EngineError(
                     f"{self.kind} engine failed on a batch of {len(frames)}: {e}"
                 ) from e
             finally:
                 slot.reading.clear()  # the copies have run (or the batch failed): let go
+            # Megabytes per batch: copied out in a worker thread, not on the event loop.
+            return await loop.run_in_executor(
+                self._collector, self._collect, slot, layout, len(frames)
+            )
 
     async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
         if self._launcher is None or not self._all_slots:
@@ -164,9 +166,11 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
         """Drop backend objects that point into slot memory, before it is freed."""
 
     async def close(self) -> None:
-        if self._launcher is not None:
-            await asyncio.to_thread(self._launcher.shutdown, True)
-            self._launcher = None
+        for name in ("_collector", "_launcher"):
+            pool: ThreadPoolExecutor | None = getattr(self, name)
+            if pool is not None:
+                await asyncio.to_thread(pool.shutdown, True)
+                setattr(self, name, None)
         self._release_backend()
         for slot in self._all_slots:
             slot.close()
