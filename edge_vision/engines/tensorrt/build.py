@@ -308,6 +308,30 @@ class PlanReady:
     int8_gate: dict[str, Any] | None = None
 
 
+def found_plan(engine_dir: Path, key: PlanKey) -> PlanReady | None:
+    """The usable plan for ``key`` already under ``engine_dir``, if there is one."""
+    found = lookup_plan(engine_dir, key)
+    if found.status == "found" and found.record is not None:
+        return PlanReady(key, found.plan_path, found.record, False)
+    return None
+
+
+def record_of(
+    key: PlanKey, model_path: Path, result: BuildResult, workspace_mib: int
+) -> PlanRecord:
+    """The record written beside a plan this process built."""
+    return make_record(
+        key,
+        model_path,
+        result.plan,
+        build_seconds=result.seconds,
+        workspace_mib=workspace_mib,
+        timing_cache=result.timing_cache,
+        calibration=result.calibration,
+        edge_vision_version=__version__,
+    )
+
+
 def ensure_plan(
     trt: Any,
     rt: CudaRuntime,
@@ -353,9 +377,9 @@ def ensure_plan(
     if not build_if_missing and not force:
         raise EngineError(why)
     with build_lock(engine_dir, key):
-        again = lookup_plan(engine_dir, key)  # another process may have built it
-        if again.status == "found" and again.record is not None and not force:
-            return PlanReady(key, again.plan_path, again.record, False)
+        again = None if force else found_plan(engine_dir, key)  # another process built it?
+        if again is not None:
+            return again
         if not force:
             log.warning("%s — building it now (once)", why)
         log.info("building TensorRT plan %s (%s) in %s", key.stem, key.machine(), engine_dir)
@@ -364,16 +388,7 @@ def ensure_plan(
         except EdgeVisionError as e:
             _BUILD_FAILURES[key.digest] = str(e).splitlines()[0]
             raise
-        record = make_record(
-            key,
-            spec.path,
-            result.plan,
-            build_seconds=result.seconds,
-            workspace_mib=tcfg.workspace_mib,
-            timing_cache=result.timing_cache,
-            calibration=result.calibration,
-            edge_vision_version=__version__,
-        )
+        record = record_of(key, spec.path, result, tcfg.workspace_mib)
         gate = int8_gate.run_gate(spec, config, key, result.plan, record)
         if gate is None or gate.accepted:
             plan_path, json_path = write_plan_atomically(engine_dir, key, result.plan, record)

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ... import __version__
 from ...config import Config
 from ...cuda import CudaRuntime, open_runtime
 from ...errors import EngineError, ModelError
@@ -42,8 +41,10 @@ from .build import (
     BuildResult,
     PlanReady,
     builder_config,
+    found_plan,
     load_plan,
     parse_network,
+    record_of,
     save_timing_cache,
     use_timing_cache,
 )
@@ -53,8 +54,6 @@ from .plan_store import (
     InputAdapter,
     PlanKey,
     build_lock,
-    lookup_plan,
-    make_record,
     timing_cache_path,
     write_plan_atomically,
 )
@@ -142,30 +141,21 @@ def ensure_recogniser_plan(
     EngineError."""
     tcfg = config.engine.tensorrt
     key = recogniser_key(trt, rt, path, config)
-    found = lookup_plan(tcfg.engine_dir, key)
-    if found.status == "found" and found.record is not None and not force:
-        return PlanReady(key, found.plan_path, found.record, False)
+    found = None if force else found_plan(tcfg.engine_dir, key)
+    if found is not None:
+        return found
     if not tcfg.build_if_missing and not force:
         raise EngineError(
             f"no TensorRT plan for the recogniser {path.name} in {tcfg.engine_dir} (key "
             f"{key.stem}) and engine.tensorrt.build_if_missing is off"
         )
     with build_lock(tcfg.engine_dir, key):
-        again = lookup_plan(tcfg.engine_dir, key)  # another process may have built it
-        if again.status == "found" and again.record is not None and not force:
-            return PlanReady(key, again.plan_path, again.record, False)
+        again = None if force else found_plan(tcfg.engine_dir, key)  # another process built it?
+        if again is not None:
+            return again
         log.info("building the recogniser's TensorRT plan %s (%s)", key.stem, key.machine())
         result = build_recogniser_plan(trt, rt, path, config, key, progress)
-        record = make_record(
-            key,
-            path,
-            result.plan,
-            build_seconds=result.seconds,
-            workspace_mib=tcfg.workspace_mib,
-            timing_cache=result.timing_cache,
-            calibration=None,
-            edge_vision_version=__version__,
-        )
+        record = record_of(key, path, result, tcfg.workspace_mib)
         plan_path, _ = write_plan_atomically(tcfg.engine_dir, key, result.plan, record)
     log.info("recogniser plan built in %.1f s: %s", result.seconds, plan_path)
     return PlanReady(key, plan_path, record, True)
