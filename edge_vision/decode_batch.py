@@ -613,8 +613,8 @@ class DecodeBatcher:
         self._running = 0
         # A device call holds its thread while the GPU works (it waits for its stream):
         # a thread per call in flight of its own, so that post-processing and host decodes
-        # in the shared pool never queue behind GPU waits (made with the first call).
-        self._device_threads: ThreadPoolExecutor | None = None
+        # in the shared pool never queue behind GPU waits (threads start with the first).
+        self._device_threads = ThreadPoolExecutor(in_flight, thread_name_prefix="gpu-decode")
         self.batches = 0  # device calls made (tests and logs read these)
         self.batched_frames = 0
 
@@ -650,9 +650,7 @@ class DecodeBatcher:
             jobs = list(self._abandoned)
         if jobs:
             await asyncio.gather(*(asyncio.wrap_future(j) for j in jobs), return_exceptions=True)
-        threads, self._device_threads = self._device_threads, None
-        if threads is not None:
-            await asyncio.to_thread(threads.shutdown, True)
+        await asyncio.to_thread(self._device_threads.shutdown, True)
 
     def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._waiting and self._running < self.in_flight:
@@ -668,10 +666,6 @@ class DecodeBatcher:
     ) -> None:
         if self.device is None:  # pragma: no cover - decode() batches only for a device
             raise RuntimeError("no device decoder")
-        if self._device_threads is None:
-            self._device_threads = ThreadPoolExecutor(
-                self.in_flight, thread_name_prefix="gpu-decode"
-            )
         try:
             outcomes = await loop.run_in_executor(
                 self._device_threads, self.device.decode_batch, [r for r, _ in batch]

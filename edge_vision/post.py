@@ -430,9 +430,11 @@ def yolo_v8_top_anchors(torch: Any, raw: Any, k: int) -> Any:
     at 640x640: 8x fewer bytes, 8x less for the host to scan). :class:`YoloV8Head`
     decodes it as it decodes the raw output, with the same detections whenever at most
     ``k`` anchors reach the confidence threshold (every anchor left out scores below every
-    anchor kept). ``torch``: the module, passed in, so this module imports no torch."""
+    anchor kept). The output comes back whole when it has no more than ``k`` anchors, or
+    when ``k`` anchors would not outnumber its rows (the cut would no longer read as v8's).
+    ``torch``: the module, passed in, so this module imports no torch."""
     b, c, a = raw.shape
-    if a <= k:
+    if not c < k < a:
         return raw
     best = raw[:, 4:, :].amax(dim=1)
     index = best.topk(k, dim=1).indices

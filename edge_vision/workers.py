@@ -42,7 +42,7 @@ from aiohttp import web
 
 from . import systemd
 from .aio import cancel_and_wait, with_timeout
-from .config import Config
+from .config import Config, ServerConfig
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -325,17 +325,7 @@ def _serve(
 ) -> None:
     from .server import STATE, create_app
 
-    if config.server.mmap_threshold_bytes is not None:
-        from .memory import fix_mmap_threshold
-
-        if not fix_mmap_threshold(config.server.mmap_threshold_bytes):
-            log.info("server.mmap_threshold_bytes: mallopt is not available here")
-    if config.server.gil_switch_ms is not None:
-        sys.setswitchinterval(config.server.gil_switch_ms / 1000.0)
-    if config.server.opencv_threads is not None:
-        import cv2
-
-        cv2.setNumThreads(config.server.opencv_threads)
+    _tune_process(config.server)
     app = create_app(config)
     if workers_warm is not None:
         app[STATE]["workers_warm"] = workers_warm
@@ -355,6 +345,22 @@ def _serve(
         access_log=None,
         reuse_port=reuse_port,
     )
+
+
+def _tune_process(server: ServerConfig) -> None:
+    """The settings that hold for a whole serving process: glibc's mmap threshold, the
+    GIL's switch interval, OpenCV's own threads."""
+    if server.mmap_threshold_bytes is not None:
+        from .memory import fix_mmap_threshold
+
+        if not fix_mmap_threshold(server.mmap_threshold_bytes):
+            log.info("server.mmap_threshold_bytes: mallopt is not available here")
+    if server.gil_switch_ms is not None:
+        sys.setswitchinterval(server.gil_switch_ms / 1000.0)
+    if server.opencv_threads is not None:
+        import cv2
+
+        cv2.setNumThreads(server.opencv_threads)
 
 
 def _worker_main(

@@ -136,11 +136,12 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         self._scale = scale.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._shift = shift.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._dtype = dtype
-        head = self.config.model.head
-        if self.cuda and self.tcfg.device_post and head in ("auto", "dbnet"):
-            self._db_threshold = self.config.model.dbnet.bin_threshold
-        if self.cuda and self.tcfg.device_post and head in ("auto", "yolo_v8"):
-            self._yolo_candidates = self.tcfg.yolo_candidates
+        if self.cuda and self.tcfg.device_post:
+            head = self.config.model.head
+            if head in ("auto", "dbnet"):
+                self._db_threshold = self.config.model.dbnet.bin_threshold
+            if head in ("auto", "yolo_v8"):
+                self._yolo_candidates = self.tcfg.yolo_candidates
         if self.cuda:
             rt = self._open_runtime(self._device.index or 0)
             for i in range(self.max_in_flight):
@@ -192,8 +193,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         if t is not None and is_db_map(shapes):
             return [db_map_bytes(self._torch, outputs[0], t)]
         k = self._yolo_candidates
-        # Only when the cut output still reads as v8's (more anchors than rows).
-        if k is not None and is_yolo_v8_raw(shapes) and shapes[0][1] < k < shapes[0][2]:
+        if k is not None and is_yolo_v8_raw(shapes):
             return [yolo_v8_top_anchors(self._torch, outputs[0], k)]
         return outputs
 
