@@ -29,7 +29,8 @@ from edge_vision.post import (
 from edge_vision.shape import Letterbox
 
 torch = pytest.importorskip(
-    "torch", reason="torch is not installed here; the byte map is made by a torch function"
+    "torch",
+    reason="torch is not installed here; the byte map and the YOLO cut are torch functions",
 )
 
 pytestmark = pytest.mark.timeout(180)
