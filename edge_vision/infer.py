@@ -5,7 +5,10 @@
 (edge_vision.batch: latest-wins replacement, least recently served session first), and
 each caller gets its own slice of the batch outputs plus how the batch went (size, wait,
 engine time), or :data:`SUPERSEDED` when a newer frame of its session took its place
-before the engine ran it. Which engine serves, its warm-up, keep-warm, degrade and retry
+before the engine ran it. A caller may hand in its frame's post-processing
+(:meth:`InferenceService.infer_then`): the posts of one batch then run together in one
+job on the service's post threads, so a batch costs the event loop one hand-off there
+and back instead of one a frame. Which engine serves, its warm-up, keep-warm, degrade and retry
 are the :class:`~edge_vision.supervisor.EngineSupervisor`'s (``service.supervisor``);
 the service answers for it (``status``, ``engine``, ``head``, ``start``, ``close``, ...)
 so the server and the pipeline hold one object.
@@ -17,8 +20,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +47,7 @@ class BatchInfo:
     wait_s: float  # time the frame spent in the batcher
     infer_s: float  # engine time for the whole batch
     engine: str
+    post_s: float = 0.0  # from the batch's outputs to this frame's post-processing done
 
 
 class Superseded:
@@ -58,13 +63,21 @@ class Superseded:
 SUPERSEDED: Final = Superseded()
 
 Inferred = tuple[list[np.ndarray], BatchInfo]  # the frame's outputs, and its batch's story
+R = TypeVar("R")
+#: A frame's post-processing: its outputs (batch axis removed) -> what its caller gets.
+Post = Callable[[list[np.ndarray]], Any]
+
+
+def _outputs(outputs: list[np.ndarray]) -> list[np.ndarray]:
+    return outputs
 
 
 @dataclass(slots=True)
 class _Job:
     frame: U8Array
-    future: asyncio.Future[Inferred | Superseded]
+    future: asyncio.Future[tuple[Any, BatchInfo] | Superseded]
     owner: Hashable | None  # its session, for the batcher's turns
+    post: Post
     # This frame's own submit time: a frame that took a superseded frame's place in the
     # queue keeps that place (fairness) but reports only its own wait.
     submitted: float = field(default_factory=time.perf_counter)
@@ -98,6 +111,8 @@ class InferenceService:
         self.config = config
         self.metrics = metrics
         self._batcher: Batcher[_Job] | None = None
+        # One post job per batch in flight runs at a time (OpenCV and numpy release the GIL).
+        self._post = ThreadPoolExecutor(max(2, config.engine.in_flight), thread_name_prefix="post")
         self.supervisor = EngineSupervisor(
             spec, config, self, engine_factory=engine_factory, metrics=metrics
         )
@@ -128,6 +143,7 @@ class InferenceService:
 
     async def close(self) -> None:
         await self.supervisor.close()
+        await asyncio.to_thread(self._post.shutdown, True)
 
     async def health(self) -> str | None:
         return await self.supervisor.health()
@@ -189,14 +205,27 @@ class InferenceService:
         With ``supersede_key`` (a latest-wins session) the frame takes the place of that
         key's frame still waiting for the engine, whose call returns :data:`SUPERSEDED`.
         ``owner`` (the session; the key when not given) sets the frame's turn."""
+        return await self.infer_then(frame, _outputs, supersede_key, owner=owner)
+
+    async def infer_then(
+        self,
+        frame: U8Array,
+        post: Callable[[list[np.ndarray]], R],
+        supersede_key: Hashable | None = None,
+        *,
+        owner: Hashable | None = None,
+    ) -> tuple[R, BatchInfo] | Superseded:
+        """:meth:`infer`, then ``post`` on the frame's outputs in the batch's post job
+        (a post thread); its exception is this frame's alone."""
         if self._batcher is None or not self.status.ready:
             raise EngineUnavailable("the engine is not ready")
-        fut: asyncio.Future[Inferred | Superseded] = asyncio.get_running_loop().create_future()
-        job = _Job(frame, fut, supersede_key if owner is None else owner)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[Any, BatchInfo] | Superseded] = loop.create_future()
+        job = _Job(frame, fut, supersede_key if owner is None else owner, post)
         replaced = self._batcher.submit(job.shape, job, supersede_key, owner=job.owner)
         if replaced is not None and not replaced.future.done():
             replaced.future.set_result(SUPERSEDED)
-        return await fut
+        return cast("tuple[R, BatchInfo] | Superseded", await fut)
 
     async def _run_batch(self, batch: ReadyBatch[_Job]) -> None:
         jobs = [j for j in batch.items if not j.future.cancelled()]
@@ -223,13 +252,17 @@ class InferenceService:
             self.metrics.observe_batch(
                 len(jobs), infer_s, max(0.0, batch.dispatched_at - min(j.submitted for j in jobs))
             )
-        for i, job in enumerate(jobs):
+        posted = await asyncio.get_running_loop().run_in_executor(
+            self._post, _post_batch, jobs, outputs, time.perf_counter()
+        )
+        for job, (value, error, post_s) in zip(jobs, posted, strict=True):
             if job.future.done():
                 continue
-            info = BatchInfo(
-                len(jobs), max(0.0, batch.dispatched_at - job.submitted), infer_s, active
-            )
-            job.future.set_result(([o[i] for o in outputs], info))
+            if error is not None:
+                job.future.set_exception(error)
+                continue
+            wait_s = max(0.0, batch.dispatched_at - job.submitted)
+            job.future.set_result((value, BatchInfo(len(jobs), wait_s, infer_s, active, post_s)))
 
     async def _degrade_and_rerun(
         self, failed: Engine, error: EngineError, jobs: Sequence[_Job]
@@ -242,3 +275,22 @@ class InferenceService:
         except EngineError as e:
             log.error("fallback engine failed: %s", e)
             return None
+
+
+def _post_batch(
+    jobs: Sequence[_Job], outputs: list[np.ndarray], started: float
+) -> list[tuple[Any, Exception | None, float]]:
+    """Each job's post on its rows of the batch outputs (post thread), in batch order:
+    (value, its exception, seconds from ``started``, the outputs' arrival, to its end).
+    A frame whose caller already stopped waiting is skipped (a best-effort look)."""
+    done: list[tuple[Any, Exception | None, float]] = []
+    for i, job in enumerate(jobs):
+        value: Any = None
+        error: Exception | None = None
+        if not job.future.done():
+            try:
+                value = job.post([o[i] for o in outputs])
+            except Exception as e:  # noqa: BLE001 - this frame's failure, handed to its caller
+                error = e
+        done.append((value, error, time.perf_counter() - started))
+    return done

@@ -17,7 +17,9 @@ frame no longer needs its decode turn:
 
 :meth:`FramePipeline.process` is both steps in one call, for callers without a session.
 CPU-bound steps run in a worker pool (``decode.workers`` threads; OpenCV, libjpeg-turbo
-and numpy release the GIL), the engine behind the batcher, and the event loop only awaits.
+and numpy release the GIL), the engine behind the batcher, each batch's post-processing
+in one job on the inference service's post threads (edge_vision.infer), and the event
+loop only awaits.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 
 import cv2
 import numpy as np
@@ -239,6 +242,15 @@ class FramePipeline:
         kept = filter_classes(dets, settings.classes)  # one class: all rows or none
         return kept, quads[: len(kept)]
 
+    def _post_frame(
+        self, outputs: list[np.ndarray], *, lb: Letterbox, settings: FrameSettings, quads: bool
+    ) -> tuple[F32Array, F32Array | None]:
+        """One frame's post-processing in its batch's post job (infer.py): the boxes, and
+        their rotated rectangles when ``quads`` (the read stage's)."""
+        if quads:
+            return self.postprocess_quads(outputs, lb, settings)
+        return self.postprocess(outputs, lb, settings), None
+
     # -- the async path ---------------------------------------------------------------
 
     async def prepare(self, frame: FrameMessage, settings: FrameSettings) -> Prepared:
@@ -286,26 +298,20 @@ class FramePipeline:
         took its place before the engine ran it; ``owner`` (the session) sets its turn in
         the engine's queue (edge_vision.batch). Raises EngineError when no engine can
         serve."""
+        lb = prepared.letterbox
+        post = partial(self._post_frame, lb=lb, settings=settings, quads=reading is not None)
         try:
-            inferred = await self.service.infer(prepared.canvas, supersede_key, owner=owner)
+            # Post-processed in the batch's post job (infer.py), not one hand-off a frame.
+            inferred = await self.service.infer_then(
+                prepared.canvas, post, supersede_key, owner=owner
+            )
         finally:
             self.release(prepared)
         if isinstance(inferred, Superseded):
             return inferred
-        outputs, batch = inferred
-        loop = asyncio.get_running_loop()
-        t_post = time.perf_counter()
-        quads = None
-        if reading is None:
-            dets = await loop.run_in_executor(
-                self.executor, self.postprocess, outputs, prepared.letterbox, settings
-            )
-        else:
-            dets, quads = await loop.run_in_executor(
-                self.executor, self.postprocess_quads, outputs, prepared.letterbox, settings
-            )
+        (dets, quads), batch = inferred
         done = time.perf_counter()
-        timing = _timing(frame, taken_at, prepared, batch, t_post, done)
+        timing = _timing(frame, taken_at, prepared, batch, done)
         texts = None
         if reading is not None:
             texts = await self.reading.read(
@@ -319,7 +325,6 @@ class FramePipeline:
             read_done = time.perf_counter()
             timing["read_ms"] = (read_done - done) * 1000.0
             timing["server_ms"] = (read_done - frame.received_at) * 1000.0
-        lb = prepared.letterbox
         return FrameResult(frame, lb.src_w, lb.src_h, dets, timing, texts)
 
     async def process(
@@ -344,7 +349,6 @@ def _timing(
     taken_at: float,
     prep: Prepared,
     batch: BatchInfo,
-    t_post: float,
     done: float,
 ) -> dict[str, float]:
     ms = 1000.0
@@ -354,7 +358,7 @@ def _timing(
         "queue_ms": (taken_at - frame.received_at + batch.wait_s) * ms,
         "batch_wait_ms": batch.wait_s * ms,
         "infer_ms": batch.infer_s * ms,
-        "post_ms": (done - t_post) * ms,
+        "post_ms": batch.post_s * ms,
         "server_ms": (done - frame.received_at) * ms,
         "batch_size": float(batch.size),
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -128,3 +129,47 @@ async def test_a_gpu_decoder_that_cannot_start_leaves_host_decode_serving_mocked
         assert isinstance(result, FrameResult) and len(result.detections) >= 1
     finally:
         await pipeline.close()
+
+
+async def test_one_frames_failed_post_processing_costs_no_other_frame_of_its_batch(
+    spec: ModelSpec,
+) -> None:
+    """A batch's posts run together in one post job (infer.py): a post that raises fails
+    its own frame only; the others of the same batch get their detections."""
+    cfg = make_config({"engine": {"kind": "onnxruntime", "max_batch": 4, "batch_window_ms": 200}})
+    service = InferenceService(spec, cfg)
+    await service.start()
+    pipeline = FramePipeline(cfg, service)
+    threads: list[str] = []
+
+    def boxes(outputs: list[Any], lb: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return pipeline.postprocess(outputs, lb, SETTINGS)
+
+    def broken(outputs: list[Any]) -> Any:
+        raise ValueError("a head that fails on this frame")
+
+    try:
+        prepared = [await pipeline.prepare(_frame(i), SETTINGS) for i in range(3)]
+        posts = [
+            partial(boxes, lb=prepared[0].letterbox),
+            broken,
+            partial(boxes, lb=prepared[2].letterbox),
+        ]
+        outcomes = await asyncio.gather(
+            *(service.infer_then(p.canvas, post) for p, post in zip(prepared, posts, strict=True)),
+            return_exceptions=True,
+        )
+        for p in prepared:
+            pipeline.release(p)
+    finally:
+        await pipeline.close()
+        await service.close()
+    first, failed, last = outcomes
+    assert isinstance(failed, ValueError)
+    for outcome in (first, last):
+        assert isinstance(outcome, tuple)
+        dets, batch = outcome
+        assert len(dets) >= 1 and batch.size == 3  # one batch, answered
+        assert batch.post_s > 0
+    assert len(threads) == 2 and threads[0] == threads[1] and threads[0].startswith("post")

@@ -112,7 +112,6 @@ class MockCudaRuntime(CudaRuntime):
     def __init__(self, state: MockState) -> None:
         self.state = state
         self._streams = 0
-        super().__init__()
 
     def device_name(self) -> str:
         return self.state.gpu
@@ -146,7 +145,9 @@ class MockCudaRuntime(CudaRuntime):
         return True
 
     def synchronize_event(self, event: CudaEvent) -> None:
-        pass
+        if self.state.gpu_done is not None:
+            self.state.synchronising.set()
+            self.state.gpu_done.wait(30)
 
     def synchronize_stream(self, stream: CudaStream) -> None:
         pass
@@ -172,6 +173,10 @@ class MockState:
     executions: int = 0
     parses: int = 0
     open_buffers: int = 0
+    # When set, an event synchronise blocks until it is set (a batch still on the GPU);
+    # ``synchronising`` is set once a run thread waits there.
+    gpu_done: threading.Event | None = None
+    synchronising: threading.Event = field(default_factory=threading.Event)
 
 
 def _read(ptr: int, nbytes: int) -> np.ndarray:
@@ -651,6 +656,42 @@ async def test_mock_tensorrt_engine_builds_once_then_reuses_its_plan_and_matches
         await again.close()
     assert len(state.builds) == 1  # never rebuilt at start
     np.testing.assert_array_equal(out[0], got_tall[0])
+
+
+async def test_mock_tensorrt_a_cancelled_batch_keeps_its_slot_until_its_outputs_are_copied_out(
+    spec: ModelSpec, mock_trt: tuple[MockState, types.ModuleType], tmp_path: Path
+) -> None:
+    """A client gone mid-batch must not let the next batch into a slot whose pinned
+    outputs the first batch's run thread is still to copy out: with one slot, the next
+    batch waits for that copy-out, then gets its own outputs."""
+    state, _ = mock_trt
+    config = trt_config(tmp_path)
+    config.engine.in_flight = 1
+    engine = create_engine("tensorrt", spec, config)
+    await engine.start()
+    try:
+        rng = np.random.default_rng(7)
+        first = [rng.integers(0, 256, (352, 640, 3), dtype=np.uint8)]
+        second = [rng.integers(0, 256, (352, 640, 3), dtype=np.uint8)]
+        state.gpu_done = threading.Event()
+        gone = asyncio.create_task(engine.infer(first))
+        assert await _to_thread(state.synchronising.wait, 10), "the batch never reached the GPU"
+        gone.cancel()
+        nxt = asyncio.create_task(engine.infer(second))
+        await asyncio.sleep(0.2)
+        assert state.executions == 1, "the next batch ran in the slot of a pending copy-out"
+        assert not nxt.done()
+        state.gpu_done.set()
+        got = await asyncio.wait_for(nxt, 10)
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+    finally:
+        if state.gpu_done is not None:
+            state.gpu_done.set()
+        await engine.close()
+    ref = await _to_thread(ort_reference, spec, second)
+    assert np.linalg.norm(got[0] - ref) / np.linalg.norm(ref) < 1e-5
+    assert state.open_buffers == 0
 
 
 async def test_mock_tensorrt_plan_for_another_tensorrt_version_is_refused_or_rebuilt_by_config(

@@ -9,10 +9,8 @@ naming the call and the CUDA error.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -95,10 +93,6 @@ class CudaRuntime(ABC):
 
     name: str
 
-    def __init__(self) -> None:
-        # Waiting threads: each blocks in an event synchronise, never the loop.
-        self._waiters = ThreadPoolExecutor(8, thread_name_prefix=f"{self.name}-wait")
-
     # -- device ---------------------------------------------------------------------
     @abstractmethod
     def device_name(self) -> str: ...
@@ -154,36 +148,8 @@ class CudaRuntime(ABC):
     @abstractmethod
     def synchronize_stream(self, stream: CudaStream) -> None: ...
 
-    async def wait(self, event: CudaEvent) -> None:
-        """Await the event without blocking the loop: a worker thread synchronises on it
-        and the completion is handed to the loop with ``call_soon_threadsafe``."""
-        if self.query(event):
-            return
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-
-        def _done(error: BaseException | None) -> None:
-            if fut.cancelled():
-                return
-            if error is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(error)
-
-        def _block() -> None:
-            self.bind_thread()
-            try:
-                self.synchronize_event(event)
-            except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
-                loop.call_soon_threadsafe(_done, e)
-            else:
-                loop.call_soon_threadsafe(_done, None)
-
-        self._waiters.submit(_block)
-        await fut
-
-    def close(self) -> None:
-        self._waiters.shutdown(wait=False)
+    def close(self) -> None:  # noqa: B027 - bindings with a context to let go override
+        """Let go of the device (the engine's run threads have ended by now)."""
 
 
 def numpy_view_of(ptr: int, nbytes: int, owner: object) -> U8Array:

@@ -104,7 +104,6 @@ class CudaPythonRuntime(CudaRuntime):
         self.device = device
         cuda_call("cudaSetDevice", cudart.cudaSetDevice(device))
         self._props = cuda_call("cudaGetDeviceProperties", cudart.cudaGetDeviceProperties(device))
-        super().__init__()
 
     def bind_thread(self) -> None:
         cuda_call("cudaSetDevice", cudart.cudaSetDevice(self.device))

@@ -89,7 +89,6 @@ class PyCudaRuntime(CudaRuntime):
         self._context: Any = _checked(
             "cuDevicePrimaryCtxRetain", self._device.retain_primary_context
         )
-        super().__init__()
 
     @contextmanager
     def _current(self) -> Iterator[None]:

@@ -12,8 +12,7 @@ import asyncio
 import importlib
 import types
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
@@ -100,17 +99,19 @@ class SlotPool(Generic[S]):
         self._slots = slots
         self._free: asyncio.Queue[S] | None = None
 
-    @asynccontextmanager
-    async def take(self) -> AsyncIterator[S]:
+    def _queue(self) -> asyncio.Queue[S]:
         if self._free is None:
             self._free = asyncio.Queue()
             for slot in self._slots:
                 self._free.put_nowait(slot)
-        slot = await self._free.get()
-        try:
-            yield slot
-        finally:
-            self._free.put_nowait(slot)
+        return self._free
+
+    async def get(self) -> S:
+        """A free slot, waiting for one; give it back with :meth:`put`."""
+        return await self._queue().get()
+
+    def put(self, slot: S) -> None:
+        self._queue().put_nowait(slot)
 
 
 def engine_class(kind: str) -> type[Engine]:

@@ -10,11 +10,15 @@ takes a free slot for its whole trip::
     (canvases of the GPU decoder, :mod:`edge_vision.decode_batch`)
     --H2D (or D2D) per frame (slot stream)--> the backend's run (graph replay,
     execute_async_v3)
-    --D2H (slot stream)--> pinned outputs --event--> awaited without blocking the loop
-    --> outputs copied out of the slot's pinned memory in a collector thread
+    --D2H (slot stream)--> pinned outputs --event--> outputs copied out of the slot's
+    pinned memory
 
-One launcher thread enqueues work, so batch k+1's copies run while batch k computes on
-another slot's stream. :class:`GpuEngine` does all of that; a backend implements
+all in one job on the engine's *run* threads (one a slot), so a batch costs the event
+loop one hand-off there and one back, and batch k+1's copies run while batch k computes
+on another slot's stream. A slot goes back to the free list only when its job is over,
+even when the batch's caller was cancelled: the next batch never overwrites pinned
+memory a copy-out still reads, and ``close`` waits for running jobs before it frees
+any. :class:`GpuEngine` does all of that; a backend implements
 :meth:`GpuEngine._start_sync` (open the runtime, load the network, make the slots),
 :meth:`GpuEngine._launch` (enqueue one batch on a slot's stream, record its event) and
 :meth:`GpuEngine._collect` (copy the outputs out), and may add to
@@ -65,7 +69,7 @@ LayoutT = TypeVar("LayoutT")
 class GpuEngine(Engine, Generic[SlotT, LayoutT]):
     """A CUDA engine: the shared run path; see the module docstring."""
 
-    #: Thread name prefix of the launcher and collector threads ("torch", "trt").
+    #: Thread name prefix of the launcher and run threads ("torch", "trt").
     thread_prefix: ClassVar[str]
 
     def __init__(self, spec: ModelSpec, config: Config) -> None:
@@ -73,8 +77,8 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
         self.runtime: CudaRuntime | None = None
         self._all_slots: list[SlotT] = []
         self._slot_pool: SlotPool[SlotT] = SlotPool(self._all_slots)
-        self._launcher: ThreadPoolExecutor | None = None
-        self._collector: ThreadPoolExecutor | None = None
+        self._launcher: ThreadPoolExecutor | None = None  # start, graph capture, CPU runs
+        self._runner: ThreadPoolExecutor | None = None  # one batch job per slot at a time
 
     @property
     def accepts_device_frames(self) -> bool:
@@ -87,9 +91,11 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
 
     async def start(self) -> None:
         self._launcher = ThreadPoolExecutor(1, thread_name_prefix=f"{self.thread_prefix}-launch")
-        self._collector = ThreadPoolExecutor(2, thread_name_prefix=f"{self.thread_prefix}-collect")
         # Importing torch or TensorRT reads hundreds of files: never on the event loop.
         await asyncio.get_running_loop().run_in_executor(self._launcher, self._start_sync)
+        self._runner = ThreadPoolExecutor(
+            max(1, len(self._all_slots)), thread_name_prefix=f"{self.thread_prefix}-run"
+        )
 
     @abstractmethod
     def _start_sync(self) -> None:
@@ -131,32 +137,43 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
 
     @abstractmethod
     def _launch(self, slot: SlotT, frames: Sequence[U8Array]) -> LayoutT:
-        """Enqueue upload → run → D2H → event record on the slot's stream (launcher thread)."""
+        """Enqueue upload → run → D2H → event record on the slot's stream (run thread)."""
 
     @abstractmethod
     def _collect(self, slot: SlotT, layout: LayoutT, n: int) -> list[np.ndarray]:
         """The ``n`` real rows of each output, copied out of the slot's pinned memory (the
-        slot is reused by the next batch). Runs in a collector thread."""
+        slot is reused by the next batch). Runs on the batch's run thread."""
+
+    def _run_batch(self, slot: SlotT, frames: Sequence[U8Array]) -> list[np.ndarray]:
+        """One batch's whole trip on a run thread: launch, wait for its event, copy out."""
+        rt = self._rt()
+        try:
+            layout = self._launch(slot, frames)
+            rt.synchronize_event(slot.event)
+        finally:
+            slot.reading.clear()  # the copies have run (or the batch failed): let go
+        return self._collect(slot, layout, len(frames))
 
     async def _run_on_slot(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
+        runner = self._runner
+        if runner is None:
+            raise RuntimeError("engine not started")
         loop = asyncio.get_running_loop()
-        async with self._slot_pool.take() as slot:
-            try:
-                layout = await loop.run_in_executor(self._launcher, self._launch, slot, frames)
-                await self._rt().wait(slot.event)
-            except RuntimeError as e:  # torch and pybind11 report CUDA failures so
-                raise EngineError(
-                    f"{self.kind} engine failed on a batch of {len(frames)}: {e}"
-                ) from e
-            finally:
-                slot.reading.clear()  # the copies have run (or the batch failed): let go
-            # Megabytes per batch: copied out in a worker thread, not on the event loop.
-            return await loop.run_in_executor(
-                self._collector, self._collect, slot, layout, len(frames)
-            )
+        slot = await self._slot_pool.get()
+        try:
+            job = runner.submit(self._run_batch, slot, frames)
+        except BaseException:
+            self._slot_pool.put(slot)
+            raise
+        # Back to the free list when the job is over, not when its caller stops waiting.
+        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._slot_pool.put, slot))
+        try:
+            return await asyncio.wrap_future(job)
+        except RuntimeError as e:  # torch and pybind11 report CUDA failures so
+            raise EngineError(f"{self.kind} engine failed on a batch of {len(frames)}: {e}") from e
 
     async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
-        if self._launcher is None or not self._all_slots:
+        if self._runner is None or not self._all_slots:
             raise RuntimeError("engine not started")
         return await self._run_on_slot(frames)
 
@@ -166,7 +183,7 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
         """Drop backend objects that point into slot memory, before it is freed."""
 
     async def close(self) -> None:
-        for name in ("_collector", "_launcher"):
+        for name in ("_runner", "_launcher"):  # running jobs end before slots are freed
             pool: ThreadPoolExecutor | None = getattr(self, name)
             if pool is not None:
                 await asyncio.to_thread(pool.shutdown, True)

@@ -10,7 +10,7 @@ per (batch bucket, H, W). A batch is::
     --H2D per frame (slot stream)--> graph replay
        [uint8 NHWC -> normalised NCHW fp16 -> network -> fp32 outputs
         (a DBNet map: -> its byte map, post.DB_MAP_BYTES, engine.torch.device_post)]
-    --D2H (slot stream)--> pinned outputs --event--> awaited without blocking the loop
+    --D2H (slot stream)--> pinned outputs --event--> copied out, all on a run thread
 
 so batch k+1's copies run while batch k computes on another stream. Batch sizes are
 rounded up to power-of-two buckets (padding rows are ignored) to bound how many graphs
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -88,6 +89,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         self._scale: Any = None
         self._shift: Any = None
         self.graph_captures = 0
+        self._capturing = threading.Lock()
         # On the device (engine.torch.device_post): a DBNet map is made a byte map, a
         # YOLO v8/v11 output is cut to its best anchors.
         self._db_threshold: float | None = None
@@ -202,6 +204,10 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         found = slot.graphs.get(key)
         if found is not None:
             return found
+        with self._capturing:  # one capture at a time, whichever run thread meets a new shape
+            return self._capture(slot, b, h, w)
+
+    def _capture(self, slot: _Slot, b: int, h: int, w: int) -> _Graph:
         torch = self._torch
         with torch.no_grad(), torch.cuda.stream(slot.torch_stream):
             static_in = torch.zeros((b, h, w, 3), dtype=torch.uint8, device=self._device)
@@ -211,7 +217,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
             if self.tcfg.cuda_graphs:
                 try:
                     graph = torch.cuda.CUDAGraph()
-                    # thread_local: waiter threads keep synchronising other slots' events
+                    # thread_local: other run threads keep running their batches
                     # while this thread captures.
                     with torch.cuda.graph(
                         graph,
@@ -233,13 +239,13 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
                     outputs = self._forward(static_in)
         slot.torch_stream.synchronize()
         g = _Graph(static_in, outputs, graph)
-        slot.graphs[key] = g
+        slot.graphs[(b, h, w)] = g
         return g
 
     # -- one batch ------------------------------------------------------------------
 
     def _launch(self, slot: _Slot, frames: Sequence[U8Array]) -> _Layout:
-        """Enqueue H2D → replay → D2H → event on the slot's stream (launcher thread)."""
+        """Enqueue H2D → replay → D2H → event on the slot's stream (run thread)."""
         torch, rt = self._torch, self._rt()
         rt.bind_thread()
         h, w = frames[0].shape[:2]
