@@ -260,15 +260,22 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
                 slot.pinned_out.close()
             slot.pinned_out = rt.alloc_pinned(out_bytes)
         # Rows past len(frames) are padding, never read.
-        self._upload_frames(g.static_in.data_ptr(), frames, slot)
+        n = len(frames)
+        on_device = not any(isinstance(f, np.ndarray) for f in frames)
+        if not on_device:
+            self._upload_frames(g.static_in.data_ptr(), frames, slot)
         with torch.cuda.stream(slot.torch_stream):
+            if on_device:
+                # GPU decoder canvases: one stacking kernel into the graph's input, not one
+                # copy call a frame; the slot holds them as _upload_frames says.
+                torch.stack(list(frames), out=g.static_in[:n])
+                slot.reading.extend(frames)
             if g.graph is not None:
                 g.graph.replay()
             else:
                 with torch.no_grad():
                     for dst, src in zip(g.outputs, self._forward(g.static_in), strict=True):
                         dst.copy_(src)
-        n = len(frames)
         offset = 0
         for (nbytes, shape, dtype), out in zip(out_layout, g.outputs, strict=True):
             # Only the n real rows come back; bucket padding rows stay on the device.
