@@ -114,9 +114,14 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
 
     # -- one batch ------------------------------------------------------------------
 
-    def _upload_frames(self, base: int, frames: Sequence[Any], slot: SlotT) -> None:
+    def _upload_frames(
+        self, base: int, frames: Sequence[Any], slot: SlotT, *, into: Any = None
+    ) -> None:
         """Copy each frame to consecutive rows at device address ``base``, one copy per
         frame: H2D from the decode pool's pinned buffers, or D2D from device canvases.
+        With ``into``, a torch tensor over those rows (the caller has made the slot's
+        stream torch's current one), a batch of device canvases goes in with one
+        stacking kernel instead: one call, not one a frame, on a busy worker's GIL.
 
         A device canvas is complete when it arrives (the decoder waited for its stream),
         so no cross-stream wait is needed before the copy. The slot keeps a reference to
@@ -126,6 +131,12 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
         mid-batch). (``Tensor.record_stream`` would do the same inside torch, but it
         records on the slot's stream at free time, and the slot streams are destroyed
         when the engine closes while canvases may still be alive.)"""
+        if into is not None and frames and not any(isinstance(f, np.ndarray) for f in frames):
+            import torch  # device canvases are torch tensors: torch is there
+
+            torch.stack(list(frames), out=into[: len(frames)])
+            slot.reading.extend(frames)
+            return
         rt = self._rt()
         for i, frame in enumerate(frames):
             dst = base + i * frame.nbytes

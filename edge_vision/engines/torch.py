@@ -261,15 +261,8 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
             slot.pinned_out = rt.alloc_pinned(out_bytes)
         # Rows past len(frames) are padding, never read.
         n = len(frames)
-        on_device = not any(isinstance(f, np.ndarray) for f in frames)
-        if not on_device:
-            self._upload_frames(g.static_in.data_ptr(), frames, slot)
         with torch.cuda.stream(slot.torch_stream):
-            if on_device:
-                # GPU decoder canvases: one stacking kernel into the graph's input, not one
-                # copy call a frame; the slot holds them as _upload_frames says.
-                torch.stack(list(frames), out=g.static_in[:n])
-                slot.reading.extend(frames)
+            self._upload_frames(g.static_in.data_ptr(), frames, slot, into=g.static_in)
             if g.graph is not None:
                 g.graph.replay()
             else:

@@ -203,8 +203,8 @@ async def test_inputs_queued_on_engine_streams_are_never_overwritten_by_a_decode
         snaps: list[tuple[Any, list[int]]] = []
         upload = engine._upload_frames
 
-        def snapshot_upload(base: int, frames: list[Any], slot: Any) -> None:
-            upload(base, frames, slot)
+        def snapshot_upload(base: int, frames: list[Any], slot: Any, into: Any = None) -> None:
+            upload(base, frames, slot, into=into)
             g = next(g for g in slot.graphs.values() if g.static_in.data_ptr() == base)
             with torch.cuda.stream(slot.torch_stream):  # after the copies, on their stream
                 rows = g.static_in[: len(frames)].clone()
