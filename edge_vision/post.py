@@ -232,10 +232,12 @@ def _mean_inside(
     The corners are truncated towards zero to whole pixels before filling, as the reference
     does (``astype(int32)``); rounding instead shifts small boxes by a pixel."""
     h, w = prob.shape
-    xmin = int(np.clip(np.floor(corners[:, 0].min()), 0, w - 1))
-    xmax = int(np.clip(np.ceil(corners[:, 0].max()), 0, w - 1))
-    ymin = int(np.clip(np.floor(corners[:, 1].min()), 0, h - 1))
-    ymax = int(np.clip(np.ceil(corners[:, 1].max()), 0, h - 1))
+    # Scalar bounds in plain Python: numpy's per-call cost dominates at four numbers a box.
+    (x_lo, y_lo), (x_hi, y_hi) = corners.min(axis=0).tolist(), corners.max(axis=0).tolist()
+    xmin = min(max(math.floor(x_lo), 0), w - 1)
+    xmax = min(max(math.ceil(x_hi), 0), w - 1)
+    ymin = min(max(math.floor(y_lo), 0), h - 1)
+    ymax = min(max(math.ceil(y_hi), 0), h - 1)
     mask = np.zeros((ymax - ymin + 1, xmax - xmin + 1), np.uint8)
     local = (corners - (xmin, ymin)).astype(np.int32)
     cv2.fillPoly(mask, [local], 1)
@@ -255,11 +257,12 @@ def _unclip(corners: npt.NDArray[Any], ratio: float) -> RotatedRect:
     rounded to a whole pixel. The rectangle around those points differs from the exact
     offset rectangle by up to a pixel on rotated boxes, which is enough to change what the
     recogniser reads from a blurred crop. :func:`_round_offset` computes the same points."""
-    w = float(np.hypot(*(corners[1] - corners[0])))
-    h = float(np.hypot(*(corners[2] - corners[1])))
+    c = corners.tolist()
+    w = math.hypot(c[1][0] - c[0][0], c[1][1] - c[0][1])
+    h = math.hypot(c[2][0] - c[1][0], c[2][1] - c[1][1])
     distance = w * h * ratio / (2.0 * (w + h)) if w + h > 0 else 0.0
-    whole = np.trunc(corners).astype(np.int64)
-    points = whole.astype(np.int32) if distance < 1e-9 else _round_offset(whole, distance)
+    whole = [(math.trunc(x), math.trunc(y)) for x, y in c]
+    points = np.asarray(whole, np.int32) if distance < 1e-9 else _round_offset(whole, distance)
     (cx, cy), (rw, rh), angle = cv2.minAreaRect(points)
     return (cx, cy), (rw, rh), angle
 
@@ -268,12 +271,13 @@ def _round_half_away(v: float) -> int:
     return math.floor(v + 0.5) if v >= 0 else math.ceil(v - 0.5)
 
 
-def _round_offset(pts: npt.NDArray[np.int64], delta: float) -> npt.NDArray[np.int32]:
-    """The integer polygon a closed convex polygon becomes when offset outwards by
-    ``delta`` with round joins, as Clipper's offsetting does it: each edge moved out along
-    its unit normal; at each corner an arc from one edge's normal to the next, in steps that
-    keep the arc within 0.25 px of a circle; every point rounded half away from zero.
-    Scalar math on a handful of points per box, so :mod:`math`, not numpy."""
+def _round_offset(pts: Sequence[tuple[int, int]], delta: float) -> npt.NDArray[np.int32]:
+    """The integer polygon a closed convex polygon (whole-pixel corners) becomes when
+    offset outwards by ``delta`` with round joins, as Clipper's offsetting does it: each
+    edge moved out along its unit normal; at each corner an arc from one edge's normal to
+    the next, in steps that keep the arc within 0.25 px of a circle; every point rounded
+    half away from zero. Scalar math on a handful of points per box, so :mod:`math`, not
+    numpy, with the rounding written out (a call a point is most of the cost)."""
     p = [(float(x), float(y)) for x, y in pts]
     n = len(p)
     area2 = sum(p[i][0] * p[(i + 1) % n][1] - p[(i + 1) % n][0] * p[i][1] for i in range(n))
@@ -288,30 +292,39 @@ def _round_offset(pts: npt.NDArray[np.int64], delta: float) -> npt.NDArray[np.in
         dx, dy = p[(i + 1) % n][0] - p[i][0], p[(i + 1) % n][1] - p[i][1]
         length = math.hypot(dx, dy)
         normals.append((dy / length, -dx / length) if length > 0 else (0.0, 0.0))
+    floor, ceil = math.floor, math.ceil
     out: list[tuple[int, int]] = []
     k = n - 1
     for j in range(n):
         (kx, ky), (jx, jy), (px, py) = normals[k], normals[j], p[j]
-
-        def at(nx: float, ny: float, px: float = px, py: float = py) -> tuple[int, int]:
-            return _round_half_away(px + nx * delta), _round_half_away(py + ny * delta)
-
         sin_a = kx * jy - jx * ky
         cos_a = kx * jx + ky * jy
         if abs(sin_a * delta) < 1.0 and cos_a > 0:  # nearly straight: one point
-            out.append(at(kx, ky))
-            k = j
-            continue
-        sin_a = max(-1.0, min(1.0, sin_a))
-        if sin_a * delta < 0:  # a concave corner: both offset ends and the corner itself
-            out += [at(kx, ky), (int(px), int(py)), at(jx, jy)]
+            arc_normals = [(kx, ky)]
         else:
+            sin_a = max(-1.0, min(1.0, sin_a))
+            if sin_a * delta < 0:  # a concave corner: both offset ends and the corner itself
+                r = _round_half_away
+                out.append((r(px + kx * delta), r(py + ky * delta)))
+                out.append((int(px), int(py)))
+                out.append((r(px + jx * delta), r(py + jy * delta)))
+                k = j
+                continue
             x, y = kx, ky
             arc = abs(math.atan2(sin_a, cos_a))
+            arc_normals = []
             for _ in range(max(_round_half_away(steps_per_radian * arc), 1)):
-                out.append(at(x, y))
+                arc_normals.append((x, y))
                 x, y = x * step_cos - step_sin * y, x * step_sin + y * step_cos
-            out.append(at(jx, jy))
+            arc_normals.append((jx, jy))
+        for nx, ny in arc_normals:  # each point rounded as _round_half_away, written out
+            vx, vy = px + nx * delta, py + ny * delta
+            out.append(
+                (
+                    floor(vx + 0.5) if vx >= 0 else ceil(vx - 0.5),
+                    floor(vy + 0.5) if vy >= 0 else ceil(vy - 0.5),
+                )
+            )
         k = j
     return np.asarray(out, np.int32).reshape(-1, 1, 2)
 

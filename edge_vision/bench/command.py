@@ -236,6 +236,7 @@ def _load_run(
     stages: dict[str, dict[str, float]] = {}
     for key in (
         "decode_ms",
+        "shape_ms",  # the letterbox; on the GPU path also the wait for the decoder's stream
         "queue_ms",
         "batch_wait_ms",
         "infer_ms",

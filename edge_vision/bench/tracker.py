@@ -19,10 +19,7 @@ else); docs/results.md holds the figures.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -32,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import track
+from .versions import timing_cells, timing_row, versions_to_run
 
 F64Array = npt.NDArray[np.float64]
 
@@ -74,26 +72,6 @@ def time_clip(
     return wall, cpu, ids
 
 
-def load_baseline(rev: str) -> ModuleType:
-    """``edge_vision/track.py`` as it was at git revision ``rev``, as a module of the
-    package (its relative imports resolve against the current tree)."""
-    root = Path(__file__).resolve().parents[2]
-    src = subprocess.run(
-        ["git", "-C", str(root), "show", f"{rev}:edge_vision/track.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    name = "edge_vision._track_baseline"
-    spec = importlib.util.spec_from_loader(name, loader=None)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    module.__package__ = "edge_vision"
-    sys.modules[name] = module  # dataclasses look their module up while being built
-    exec(compile(src, f"{rev}:edge_vision/track.py", "exec"), module.__dict__)
-    return module
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--boxes", type=int, nargs="+", default=[1, 20, 300])
@@ -103,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", metavar="REV", help="also time track.py of this git revision")
     p.add_argument("--json", type=Path, help="write the figures here too")
     args = p.parse_args(argv)
-    versions: dict[str, ModuleType] = {"current": track}
-    if args.baseline:
-        versions[args.baseline] = load_baseline(args.baseline)
+    versions = versions_to_run(track, "track", args.baseline)
     results: dict[str, Any] = {"versions": list(versions), "boxes": {}}
     for n in args.boxes:
         wall: dict[str, list[float]] = {v: [] for v in versions}
@@ -119,23 +95,10 @@ def main(argv: list[str] | None = None) -> int:
                 wall[v] += w[1:]  # the first update only starts tracks
                 cpu[v] += c[1:]
             same_ids &= all(i == ids["current"] for i in ids.values())
-        row: dict[str, Any] = {
-            v: {
-                "median_ms": float(np.median(wall[v])),
-                "p90_ms": float(np.percentile(wall[v], 90)),
-                "cpu_median_ms": float(np.median(cpu[v])),
-                "cpu_p90_ms": float(np.percentile(cpu[v], 90)),
-                "updates": len(wall[v]),
-            }
-            for v in versions
-        }
+        row: dict[str, Any] = {v: timing_row(wall[v], cpu[v], "updates") for v in versions}
         row["same_ids"] = same_ids
         results["boxes"][str(n)] = row
-        cells = "  ".join(
-            f"{v}: wall median {row[v]['median_ms']:.3f} / p90 {row[v]['p90_ms']:.3f} ms,"
-            f" CPU median {row[v]['cpu_median_ms']:.3f} / p90 {row[v]['cpu_p90_ms']:.3f} ms"
-            for v in versions
-        )
+        cells = timing_cells(row, versions)
         print(f"{n:4d} boxes  {cells}" + ("" if len(versions) == 1 else f"  same ids: {same_ids}"))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -171,3 +174,22 @@ def test_the_unclip_gives_the_reference_s_clipper_rectangle_on_rotated_boxes() -
         assert abs(got[2] - want[2]) < 1e-4
         rotated += abs(angle) % 90 > 1
     assert rotated > 900
+
+
+def test_the_post_bench_decodes_float_and_byte_maps_as_a_git_revision_does(
+    tmp_path: Path,
+) -> None:
+    """``python -m edge_vision.bench.post``: the same detections as post.py at HEAD on
+    maps with lines to find, from the float map and from a GPU engine's byte map."""
+    from edge_vision.bench.post import main
+
+    out = tmp_path / "post.json"
+    args = ["--boxes", "2", "30", "--maps", "3", "--rounds", "1", "--baseline", "HEAD"]
+    assert main([*args, "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["versions"] == ["current", "HEAD"]
+    for key in ("float-2", "float-30", "bytes-2", "bytes-30"):
+        row = got["maps"][key]
+        assert row["same_detections"] is True
+        assert row["detections_per_frame"] >= 1
+        assert row["current"]["frames"] == 3 and row["current"]["cpu_median_ms"] > 0

@@ -1,0 +1,121 @@
+"""What DB post-processing costs a frame (edge_vision.post), and against an older version.
+
+Every frame of the default text detector goes through :class:`~edge_vision.post.DbnetHead`
+on a worker thread, holding the worker's GIL for its Python parts; on the GPU path it was
+the largest holder of it (docs/benchmarks.md). Probability maps of ``N`` rotated text lines
+(2, 20, 100 by default) are drawn at the engine's 640×352 input for a 1280×720 frame and
+blurred as the model's answer is; each map is decoded from the float map (ONNX Runtime,
+the CPU path) and from its byte map (a GPU engine's ``engine.torch.device_post``). With
+``--baseline REV`` the ``edge_vision/post.py`` of that git revision runs the same maps,
+interleaved map by map, and its detections are compared with the current ones. Run::
+
+    python -m edge_vision.bench.post [--boxes 2 20 100] [--maps 40] [--rounds 5]
+        [--baseline REV] [--json out.json]
+
+Prints the median and p90 milliseconds per frame, wall clock and the thread's CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+from .. import post
+from ..shape import plan_letterbox
+from .versions import timing_cells, timing_row, versions_to_run
+
+F32Array = npt.NDArray[np.float32]
+LETTERBOX = plan_letterbox(1280, 720, 352, 640)
+
+
+def prob_map(n: int, seed: int) -> F32Array:
+    """A ``[1, 1, 352, 640]`` DB map: ``n`` rotated lines of 0.6-0.95, blurred, inside the
+    letterboxed frame."""
+    rng = np.random.default_rng(seed)
+    lb = LETTERBOX
+    m = np.zeros((lb.out_h, lb.out_w), np.float32)
+    for _ in range(n):
+        cx = rng.uniform(lb.pad_x + 40, lb.pad_x + lb.new_w - 40)
+        cy = rng.uniform(lb.pad_y + 20, lb.pad_y + lb.new_h - 20)
+        rect = ((cx, cy), (rng.uniform(20, 80), rng.uniform(6, 14)), rng.uniform(-15, 15))
+        cv2.fillPoly(m, [cv2.boxPoints(rect).astype(np.int32)], float(rng.uniform(0.6, 0.95)))
+    return np.asarray(cv2.GaussianBlur(m, (5, 5), 1.2), np.float32)[None, None]
+
+
+def byte_map(prob: F32Array, threshold: float) -> npt.NDArray[np.uint8]:
+    """The byte map a GPU engine returns (post.db_map_bytes, here in numpy)."""
+    above = prob > threshold
+    high = 128.0 + np.round((prob - threshold) * (post.DB_MAP_BYTES / (1.0 - threshold)))
+    low = np.round(np.clip(prob, 0.0, threshold) * (post.DB_MAP_BYTES / threshold))
+    return np.where(above, np.clip(high, 128, 255), np.clip(low, 0, 127)).astype(np.uint8)
+
+
+def time_maps(
+    module: ModuleType, maps: list[np.ndarray], confidence: float
+) -> tuple[list[float], list[float], list[list[float]]]:
+    """Wall and thread-CPU milliseconds per decode over ``maps``, and the detections."""
+    head = module.DbnetHead()
+    wall, cpu, dets = [], [], []
+    for m in maps:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        got = head.decode([m], LETTERBOX, confidence)
+        cpu.append((time.thread_time() - c0) * 1e3)
+        wall.append((time.perf_counter() - t0) * 1e3)
+        dets.append(got.tolist())
+    return wall, cpu, dets
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--boxes", type=int, nargs="+", default=[2, 20, 100])
+    p.add_argument("--maps", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--confidence", type=float, default=0.5)
+    p.add_argument("--baseline", metavar="REV", help="also time post.py of this git revision")
+    p.add_argument("--json", type=Path, help="write the figures here too")
+    args = p.parse_args(argv)
+    versions = versions_to_run(post, "post", args.baseline)
+    threshold = post.DbnetHead.bin_threshold
+    results: dict[str, Any] = {"versions": list(versions), "maps": {}}
+    for kind in ("float", "bytes"):
+        for n in args.boxes:
+            wall: dict[str, list[float]] = {v: [] for v in versions}
+            cpu: dict[str, list[float]] = {v: [] for v in versions}
+            same, found = True, 0
+            for r in range(args.rounds):
+                maps: list[np.ndarray] = [
+                    prob_map(n, seed=10_000 * n + 100 * r + i) for i in range(args.maps)
+                ]
+                if kind == "bytes":
+                    maps = [byte_map(m, threshold) for m in maps]
+                dets = {}
+                for v, module in versions.items():
+                    w, c, dets[v] = time_maps(module, maps, args.confidence)
+                    wall[v] += w
+                    cpu[v] += c
+                same &= all(d == dets["current"] for d in dets.values())
+                found += sum(len(d) for d in dets["current"])
+            row: dict[str, Any] = {v: timing_row(wall[v], cpu[v], "frames") for v in versions}
+            row["same_detections"] = same
+            row["detections_per_frame"] = found / (args.rounds * args.maps)
+            results["maps"][f"{kind}-{n}"] = row
+            cells = timing_cells(row, versions)
+            tail = "" if len(versions) == 1 else f"  same detections: {same}"
+            print(
+                f"{kind:5s} {n:4d} lines ({row['detections_per_frame']:.1f} found)  {cells}{tail}"
+            )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
