@@ -93,7 +93,7 @@ class PyCudaRuntime(CudaRuntime):
     @contextmanager
     def _current(self) -> Iterator[None]:
         """The primary context pushed for one call and popped after it. pycuda's context
-        stacks are per thread and it aborts the process when a thread (a waiter, a
+        stacks are per thread and it aborts the process when a thread (a run thread, a
         launcher) ends with a context still pushed, so nothing stays pushed."""
         if self._context is None:
             raise CudaError("pycuda runtime used after close()")
