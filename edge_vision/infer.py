@@ -47,7 +47,7 @@ class BatchInfo:
     wait_s: float  # time the frame spent in the batcher
     infer_s: float  # engine time for the whole batch
     engine: str
-    post_s: float = 0.0  # from the batch's outputs to this frame's post-processing done
+    post_s: float = 0.0  # the batch's post job, which post-processes its frames in turn
 
 
 class Superseded:
@@ -111,8 +111,10 @@ class InferenceService:
         self.config = config
         self.metrics = metrics
         self._batcher: Batcher[_Job] | None = None
-        # One post job per batch in flight runs at a time (OpenCV and numpy release the GIL).
-        self._post = ThreadPoolExecutor(max(2, config.engine.in_flight), thread_name_prefix="post")
+        # Post jobs (one a batch) run here, beside the engine's batches in flight; OpenCV and
+        # numpy release the GIL. Made at start, shut at close.
+        self._post: ThreadPoolExecutor | None = None
+        self._posting: set[asyncio.Task[None]] = set()
         self.supervisor = EngineSupervisor(
             spec, config, self, engine_factory=engine_factory, metrics=metrics
         )
@@ -139,11 +141,16 @@ class InferenceService:
         self.supervisor.on_engine_change(listener)
 
     async def start(self) -> None:
+        if self._post is None:
+            threads = max(2, self.config.engine.in_flight)
+            self._post = ThreadPoolExecutor(threads, thread_name_prefix="post")
         await self.supervisor.start()
 
     async def close(self) -> None:
-        await self.supervisor.close()
-        await asyncio.to_thread(self._post.shutdown, True)
+        await self.supervisor.close()  # stops the front: every post job has ended
+        if self._post is not None:
+            await asyncio.to_thread(self._post.shutdown, True)
+            self._post = None
 
     async def health(self) -> str | None:
         return await self.supervisor.health()
@@ -179,6 +186,8 @@ class InferenceService:
             for job in await self._batcher.stop():
                 if not job.future.done():
                     job.future.set_exception(EngineUnavailable("the server is shutting down"))
+        if self._posting:  # batches the engine ran are still answered
+            await asyncio.gather(*self._posting, return_exceptions=True)
 
     # -- frames ---------------------------------------------------------------------
 
@@ -252,17 +261,50 @@ class InferenceService:
             self.metrics.observe_batch(
                 len(jobs), infer_s, max(0.0, batch.dispatched_at - min(j.submitted for j in jobs))
             )
-        posted = await asyncio.get_running_loop().run_in_executor(
-            self._post, _post_batch, jobs, outputs, time.perf_counter()
-        )
-        for job, (value, error, post_s) in zip(jobs, posted, strict=True):
+        # The batch leaves the engine's in-flight count now: its post job runs in a task of
+        # its own, so the next batch can take the slot meanwhile.
+        task = asyncio.create_task(self._answer(jobs, outputs, infer_s, active, batch))
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+
+    async def _answer(
+        self,
+        jobs: Sequence[_Job],
+        outputs: list[np.ndarray],
+        infer_s: float,
+        engine: str,
+        batch: ReadyBatch[_Job],
+    ) -> None:
+        """Post-process the batch's frames in one post job and answer each; whatever goes
+        wrong around that job fails every frame still waiting, never leaves one hanging."""
+        try:
+            if self._post is None:
+                raise EngineUnavailable("the inference service is closed")
+            started = time.perf_counter()
+            posted = await asyncio.get_running_loop().run_in_executor(
+                self._post, _post_batch, jobs, outputs
+            )
+            post_s = time.perf_counter() - started
+        except asyncio.CancelledError:
+            for job in jobs:
+                job.future.cancel()
+            raise
+        except BaseException as e:
+            error = e if isinstance(e, Exception) else RuntimeError(repr(e))
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(error)
+            if not isinstance(e, Exception):
+                raise
+            return
+        for job, (value, failed) in zip(jobs, posted, strict=True):
             if job.future.done():
                 continue
-            if error is not None:
-                job.future.set_exception(error)
+            if failed is not None:
+                job.future.set_exception(failed)
                 continue
             wait_s = max(0.0, batch.dispatched_at - job.submitted)
-            job.future.set_result((value, BatchInfo(len(jobs), wait_s, infer_s, active, post_s)))
+            job.future.set_result((value, BatchInfo(len(jobs), wait_s, infer_s, engine, post_s)))
 
     async def _degrade_and_rerun(
         self, failed: Engine, error: EngineError, jobs: Sequence[_Job]
@@ -278,19 +320,21 @@ class InferenceService:
 
 
 def _post_batch(
-    jobs: Sequence[_Job], outputs: list[np.ndarray], started: float
-) -> list[tuple[Any, Exception | None, float]]:
+    jobs: Sequence[_Job], outputs: list[np.ndarray]
+) -> list[tuple[Any, Exception | None]]:
     """Each job's post on its rows of the batch outputs (post thread), in batch order:
-    (value, its exception, seconds from ``started``, the outputs' arrival, to its end).
-    A frame whose caller already stopped waiting is skipped (a best-effort look)."""
-    done: list[tuple[Any, Exception | None, float]] = []
+    (value, its exception). A frame whose caller already stopped waiting is skipped (a
+    best-effort look at its future's flag)."""
+    done: list[tuple[Any, Exception | None]] = []
     for i, job in enumerate(jobs):
         value: Any = None
         error: Exception | None = None
         if not job.future.done():
             try:
                 value = job.post([o[i] for o in outputs])
+            except StopIteration as e:  # a future cannot carry StopIteration
+                error = RuntimeError(f"post-processing raised {e!r}")
             except Exception as e:  # noqa: BLE001 - this frame's failure, handed to its caller
                 error = e
-        done.append((value, error, time.perf_counter() - started))
+        done.append((value, error))
     return done

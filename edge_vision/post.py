@@ -257,11 +257,12 @@ def _unclip(corners: npt.NDArray[Any], ratio: float) -> RotatedRect:
     rounded to a whole pixel. The rectangle around those points differs from the exact
     offset rectangle by up to a pixel on rotated boxes, which is enough to change what the
     recogniser reads from a blurred crop. :func:`_round_offset` computes the same points."""
-    c = corners.tolist()
-    w = math.hypot(c[1][0] - c[0][0], c[1][1] - c[0][1])
-    h = math.hypot(c[2][0] - c[1][0], c[2][1] - c[1][1])
+    # The sides in the corners' own float32, as the reference measures them: in float64
+    # the distance moves enough to flip a rounding of Clipper's points now and then.
+    sides = corners[1:3] - corners[0:2]
+    w, h = np.hypot(sides[:, 0], sides[:, 1]).tolist()
     distance = w * h * ratio / (2.0 * (w + h)) if w + h > 0 else 0.0
-    whole = [(math.trunc(x), math.trunc(y)) for x, y in c]
+    whole = [(math.trunc(x), math.trunc(y)) for x, y in corners.tolist()]
     points = np.asarray(whole, np.int32) if distance < 1e-9 else _round_offset(whole, distance)
     (cx, cy), (rw, rh), angle = cv2.minAreaRect(points)
     return (cx, cy), (rw, rh), angle

@@ -173,3 +173,38 @@ async def test_one_frames_failed_post_processing_costs_no_other_frame_of_its_bat
         assert len(dets) >= 1 and batch.size == 3  # one batch, answered
         assert batch.post_s > 0
     assert len(threads) == 2 and threads[0] == threads[1] and threads[0].startswith("post")
+
+
+async def test_the_engine_runs_the_next_batch_while_a_batch_is_post_processed(
+    spec: ModelSpec,
+) -> None:
+    """A batch leaves the engine's in-flight count when the engine is done with it: with
+    one batch in flight, a frame whose post-processing is held does not hold up the next
+    frame's inference, nor its answer."""
+    cfg = make_config({"engine": {"kind": "onnxruntime", "in_flight": 1}})
+    service = InferenceService(spec, cfg)
+    await service.start()
+    pipeline = FramePipeline(cfg, service)
+    go, posting = threading.Event(), threading.Event()
+
+    def held(outputs: list[Any]) -> int:
+        posting.set()
+        go.wait(T(30))
+        return len(outputs)
+
+    try:
+        first, second = [await pipeline.prepare(_frame(i), SETTINGS) for i in range(2)]
+        slow = asyncio.create_task(service.infer_then(first.canvas, held))
+        assert await asyncio.to_thread(posting.wait, T(30)), "the first post never started"
+        outputs, info = await asyncio.wait_for(service.infer(second.canvas), T(30))
+        assert len(outputs) == 1 and info.size == 1
+        assert not slow.done()  # the first frame's post is still held
+        go.set()
+        value, _ = await asyncio.wait_for(slow, T(30))
+        assert value == 1
+        for p in (first, second):
+            pipeline.release(p)
+    finally:
+        go.set()
+        await pipeline.close()
+        await service.close()

@@ -677,14 +677,15 @@ async def test_mock_tensorrt_a_cancelled_batch_keeps_its_slot_until_its_outputs_
         gone = asyncio.create_task(engine.infer(first))
         assert await _to_thread(state.synchronising.wait, 10), "the batch never reached the GPU"
         gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert engine._slot_pool.free == 0, "a slot went back while its copy-out was pending"
         nxt = asyncio.create_task(engine.infer(second))
         await asyncio.sleep(0.2)
         assert state.executions == 1, "the next batch ran in the slot of a pending copy-out"
         assert not nxt.done()
         state.gpu_done.set()
         got = await asyncio.wait_for(nxt, 10)
-        with pytest.raises(asyncio.CancelledError):
-            await gone
     finally:
         if state.gpu_done is not None:
             state.gpu_done.set()

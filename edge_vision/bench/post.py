@@ -7,7 +7,8 @@ the largest holder of it (docs/benchmarks.md). Probability maps of ``N`` rotated
 blurred as the model's answer is; each map is decoded from the float map (ONNX Runtime,
 the CPU path) and from its byte map (a GPU engine's ``engine.torch.device_post``). With
 ``--baseline REV`` the ``edge_vision/post.py`` of that git revision runs the same maps,
-interleaved map by map, and its detections are compared with the current ones. Run::
+one version after the other on each round's maps, and its detections and their rotated
+rectangles are compared with the current ones. Run::
 
     python -m edge_vision.bench.post [--boxes 2 20 100] [--maps 40] [--rounds 5]
         [--baseline REV] [--json out.json]
@@ -37,15 +38,15 @@ LETTERBOX = plan_letterbox(1280, 720, 352, 640)
 
 
 def prob_map(n: int, seed: int) -> F32Array:
-    """A ``[1, 1, 352, 640]`` DB map: ``n`` rotated lines of 0.6-0.95, blurred, inside the
-    letterboxed frame."""
+    """A ``[1, 1, 352, 640]`` DB map: ``n`` lines of 0.6-0.95 turned up to 45°, blurred,
+    inside the letterboxed frame."""
     rng = np.random.default_rng(seed)
     lb = LETTERBOX
     m = np.zeros((lb.out_h, lb.out_w), np.float32)
     for _ in range(n):
         cx = rng.uniform(lb.pad_x + 40, lb.pad_x + lb.new_w - 40)
         cy = rng.uniform(lb.pad_y + 20, lb.pad_y + lb.new_h - 20)
-        rect = ((cx, cy), (rng.uniform(20, 80), rng.uniform(6, 14)), rng.uniform(-15, 15))
+        rect = ((cx, cy), (rng.uniform(20, 80), rng.uniform(6, 14)), rng.uniform(-45, 45))
         cv2.fillPoly(m, [cv2.boxPoints(rect).astype(np.int32)], float(rng.uniform(0.6, 0.95)))
     return np.asarray(cv2.GaussianBlur(m, (5, 5), 1.2), np.float32)[None, None]
 
@@ -60,16 +61,17 @@ def byte_map(prob: F32Array, threshold: float) -> npt.NDArray[np.uint8]:
 
 def time_maps(
     module: ModuleType, maps: list[np.ndarray], confidence: float
-) -> tuple[list[float], list[float], list[list[float]]]:
-    """Wall and thread-CPU milliseconds per decode over ``maps``, and the detections."""
+) -> tuple[list[float], list[float], list[list[Any]]]:
+    """Wall and thread-CPU milliseconds per decode over ``maps``, and the detections with
+    their rotated rectangles (what the read stage straightens)."""
     head = module.DbnetHead()
     wall, cpu, dets = [], [], []
     for m in maps:
         t0, c0 = time.perf_counter(), time.thread_time()
-        got = head.decode([m], LETTERBOX, confidence)
+        boxes, quads = head.decode_quads([m], LETTERBOX, confidence)
         cpu.append((time.thread_time() - c0) * 1e3)
         wall.append((time.perf_counter() - t0) * 1e3)
-        dets.append(got.tolist())
+        dets.append([boxes.tolist(), quads.tolist()])
     return wall, cpu, dets
 
 
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                     wall[v] += w
                     cpu[v] += c
                 same &= all(d == dets["current"] for d in dets.values())
-                found += sum(len(d) for d in dets["current"])
+                found += sum(len(boxes) for boxes, _ in dets["current"])
             row: dict[str, Any] = {v: timing_row(wall[v], cpu[v], "frames") for v in versions}
             row["same_detections"] = same
             row["detections_per_frame"] = found / (args.rounds * args.maps)

@@ -113,6 +113,11 @@ class SlotPool(Generic[S]):
     def put(self, slot: S) -> None:
         self._queue().put_nowait(slot)
 
+    @property
+    def free(self) -> int:
+        """How many slots are free now."""
+        return self._queue().qsize()
+
 
 def engine_class(kind: str) -> type[Engine]:
     """The Engine subclass of ``kind``: the one in module ``edge_vision.engines.<kind>``

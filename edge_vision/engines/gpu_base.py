@@ -173,11 +173,17 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
         slot = await self._slot_pool.get()
         try:
             job = runner.submit(self._run_batch, slot, frames)
-        except BaseException:
+        except RuntimeError as e:  # the engine closed meanwhile
             self._slot_pool.put(slot)
-            raise
-        # Back to the free list when the job is over, not when its caller stops waiting.
-        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._slot_pool.put, slot))
+            raise EngineError(f"{self.kind} engine is closed: {e}") from e
+
+        def give_back(_: object) -> None:
+            # Back to the free list when the job is over, not when its caller stops
+            # waiting; after the loop has closed there is no free list left to feed.
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._slot_pool.put, slot)
+
+        job.add_done_callback(give_back)
         try:
             return await asyncio.wrap_future(job)
         except RuntimeError as e:  # torch and pybind11 report CUDA failures so
