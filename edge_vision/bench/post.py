@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -31,7 +30,7 @@ import numpy.typing as npt
 
 from .. import post
 from ..shape import plan_letterbox
-from .versions import timing_cells, timing_row, versions_to_run
+from .versions import add_version_arguments, timing_cells, timing_row, versions_to_run
 
 F32Array = npt.NDArray[np.float32]
 LETTERBOX = plan_letterbox(1280, 720, 352, 640)
@@ -79,10 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--boxes", type=int, nargs="+", default=[2, 20, 100])
     p.add_argument("--maps", type=int, default=40)
-    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--confidence", type=float, default=0.5)
-    p.add_argument("--baseline", metavar="REV", help="also time post.py of this git revision")
-    p.add_argument("--json", type=Path, help="write the figures here too")
+    add_version_arguments(p, "post")
     args = p.parse_args(argv)
     versions = versions_to_run(post, "post", args.baseline)
     threshold = post.DbnetHead.bin_threshold

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -29,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import track
-from .versions import timing_cells, timing_row, versions_to_run
+from .versions import add_version_arguments, timing_cells, timing_row, versions_to_run
 
 F64Array = npt.NDArray[np.float64]
 
@@ -76,10 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--boxes", type=int, nargs="+", default=[1, 20, 300])
     p.add_argument("--frames", type=int, default=60)
-    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--fps", type=float, default=15.0)
-    p.add_argument("--baseline", metavar="REV", help="also time track.py of this git revision")
-    p.add_argument("--json", type=Path, help="write the figures here too")
+    add_version_arguments(p, "track")
     args = p.parse_args(argv)
     versions = versions_to_run(track, "track", args.baseline)
     results: dict[str, Any] = {"versions": list(versions), "boxes": {}}

@@ -4,6 +4,7 @@ revision, the versions to run, and the figures of one row."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import subprocess
 import sys
@@ -33,6 +34,16 @@ def load_baseline(rev: str, module: str) -> ModuleType:
     sys.modules[name] = loaded  # dataclasses look their module up while being built
     exec(compile(src, f"{rev}:{path}", "exec"), loaded.__dict__)
     return loaded
+
+
+def add_version_arguments(parser: argparse.ArgumentParser, module: str) -> None:
+    """The options every such bench takes: rounds, the git revision to time beside the
+    current ``edge_vision/<module>.py``, and a JSON file for the figures."""
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--baseline", metavar="REV", help=f"also time {module}.py of this git revision"
+    )
+    parser.add_argument("--json", type=Path, help="write the figures here too")
 
 
 def versions_to_run(current: ModuleType, module: str, rev: str | None) -> dict[str, ModuleType]:
