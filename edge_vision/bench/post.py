@@ -5,7 +5,8 @@ on a worker thread, holding the worker's GIL for its Python parts; on the GPU pa
 the largest holder of it (docs/benchmarks.md). Probability maps of ``N`` rotated text lines
 (2, 20, 100 by default) are drawn at the engine's 640×352 input for a 1280×720 frame and
 blurred as the model's answer is; each map is decoded from the float map (ONNX Runtime,
-the CPU path) and from its byte map (a GPU engine's ``engine.torch.device_post``). With
+the CPU path) and from its byte map (a GPU engine's ``engine.torch.device_post``, made
+by the same torch function on the CPU, so the byte maps need torch). With
 ``--baseline REV`` the ``edge_vision/post.py`` of that git revision runs the same maps,
 one version after the other on each round's maps, and its detections and their rotated
 rectangles are compared with the current ones. Run::
@@ -51,11 +52,11 @@ def prob_map(n: int, seed: int) -> F32Array:
 
 
 def byte_map(prob: F32Array, threshold: float) -> npt.NDArray[np.uint8]:
-    """The byte map a GPU engine returns (post.db_map_bytes, here in numpy)."""
-    above = prob > threshold
-    high = 128.0 + np.round((prob - threshold) * (post.DB_MAP_BYTES / (1.0 - threshold)))
-    low = np.round(np.clip(prob, 0.0, threshold) * (post.DB_MAP_BYTES / threshold))
-    return np.where(above, np.clip(high, 128, 255), np.clip(low, 0, 127)).astype(np.uint8)
+    """The byte map a GPU engine returns, made by the same :func:`post.db_map_bytes`
+    (torch on the CPU)."""
+    import torch
+
+    return np.asarray(post.db_map_bytes(torch, torch.from_numpy(prob), threshold).numpy())
 
 
 def time_maps(

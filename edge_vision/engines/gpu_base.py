@@ -125,7 +125,7 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
 
         A device canvas is complete when it arrives (the decoder waited for its stream),
         so no cross-stream wait is needed before the copy. The slot keeps a reference to
-        it until the batch's event has completed (:meth:`_run_on_slot`): torch's caching
+        it until the batch's event has completed (:meth:`_run_batch`): torch's caching
         allocator cannot hand its memory to another decode while the copy queued here
         has yet to run, even when the frame's caller drops it early (a client gone
         mid-batch). (``Tensor.record_stream`` would do the same inside torch, but it
@@ -165,9 +165,9 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
             slot.reading.clear()  # the copies have run (or the batch failed): let go
         return self._collect(slot, layout, len(frames))
 
-    async def _run_on_slot(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
+    async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
         runner = self._runner
-        if runner is None:
+        if runner is None or not self._all_slots:
             raise RuntimeError("engine not started")
         loop = asyncio.get_running_loop()
         slot = await self._slot_pool.get()
@@ -188,11 +188,6 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
             return await asyncio.wrap_future(job)
         except RuntimeError as e:  # torch and pybind11 report CUDA failures so
             raise EngineError(f"{self.kind} engine failed on a batch of {len(frames)}: {e}") from e
-
-    async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
-        if self._runner is None or not self._all_slots:
-            raise RuntimeError("engine not started")
-        return await self._run_on_slot(frames)
 
     # -- end ------------------------------------------------------------------------
 

@@ -181,6 +181,7 @@ def test_the_post_bench_decodes_float_and_byte_maps_as_a_git_revision_does(
 ) -> None:
     """``python -m edge_vision.bench.post``: the same detections as post.py at HEAD on
     maps with lines to find, from the float map and from a GPU engine's byte map."""
+    pytest.importorskip("torch", reason="the bench makes byte maps with post.db_map_bytes")
     from edge_vision.bench.post import main
 
     out = tmp_path / "post.json"
