@@ -464,6 +464,13 @@ class DecodeConfig(_Section):
     device_streams: int = Field(
         2, ge=1, le=8, description="Device decode calls in flight at once, one stream each."
     )
+    device_wait: Literal["stream", "host"] = Field(
+        "stream",
+        description="Who waits for a device decode (decode.device cuda): stream, the "
+        "engine's CUDA stream waits on the GPU for each canvas's event, so no thread waits "
+        "and the decode overlaps the batching; host, the decode thread waits for the "
+        "decoder's stream before the frame goes on (the behaviour before 2026-12-02).",
+    )
     pool_idle_bytes: int = Field(
         16 * 1024 * 1024,
         ge=0,

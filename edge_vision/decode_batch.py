@@ -18,7 +18,7 @@ One bad frame never fails the others.
   ``torchvision.io.decode_jpeg(device="cuda")``, whose Huffman stage runs on the host;
   then letterbox (area resize when shrinking, bilinear when
   enlarging, as :func:`~edge_vision.shape.letterbox_into` picks) on the device into
-  uint8 BGR canvases that the CUDA engines copy device-to-device into their input batch;
+  uint8 BGR canvases that the CUDA engines stack or copy into their input batch;
   normalisation runs inside the engine as before.
 
 Routing (:func:`device_decodable`): baseline or extended-sequential 8-bit JPEGs with one
@@ -35,19 +35,26 @@ For torchvision's nvJPEG, compressed bytes are staged in a pool of their own
 (``staging``: pinned host memory from the CUDA layer when a CUDA engine is active);
 nvImageCodec reads them where they are.
 
-Stream ordering: the GPU decode and the letterbox run on the decoder's own CUDA stream, and
-:meth:`CudaBatchDecoder.decode_batch` returns only once that stream has finished (the wait
-blocks the worker thread, not the event loop). A canvas is therefore complete before an
-engine stream reads it, and its memory goes back to torch's caching allocator only when
-the last reference goes: the engine slot holds one until the batch's event has completed
+Stream ordering: the GPU decode and the letterbox run on the decoder's own CUDA stream.
+With ``decode.device_wait`` stream (the default), :meth:`CudaBatchDecoder.decode_batch`
+returns once that work is queued: each canvas is a :class:`DeviceFrame` carrying an event
+recorded after it, and the engine's stream waits for that event on the GPU before it
+reads the canvas (:func:`wait_ready`), so no thread waits for the decoder (with
+``host``, the decoder's thread waits for its stream, as before 2026-12-02). A canvas's
+memory goes back to torch's caching allocator only when the last reference goes, and to
+the decoder's stream, whose later work runs after the work that wrote it; the engine slot
+holds a reference until its batch's event has completed
 (:class:`~edge_vision.engines.gpu_base.GpuEngine`), so no decode can write into memory an
-engine stream still has queued work on, even when the frame's caller is gone.
-tests/gpu/test_decode_gpu.py checks that under concurrent load.
+engine stream still has queued work on, even when the frame's caller is gone. The decoded
+full-size images, whose memory is nvImageCodec's, are held by the decoder until the
+letterbox that reads them has run. tests/gpu/test_decode_gpu.py checks that under
+concurrent load.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -88,9 +95,9 @@ class DecodeRequest:
 @dataclass(slots=True)
 class Prepared:
     """A letterboxed ``out_h × out_w × 3`` uint8 BGR canvas: a pooled host array, or a
-    device tensor (``on_device``) that stays alive until the engine has read it."""
+    :class:`DeviceFrame` (``on_device``) that stays alive until the engine has read it."""
 
-    canvas: Any  # U8Array from the BufferPool, or a torch CUDA tensor
+    canvas: Any  # U8Array from the BufferPool, or a DeviceFrame
     letterbox: Letterbox
     decode_s: float
     shape_s: float
@@ -98,6 +105,52 @@ class Prepared:
 
 
 Outcome = Prepared | ClientError
+
+
+@dataclass(slots=True, eq=False)
+class DeviceFrame:
+    """A letterboxed canvas on the GPU and when it is complete.
+
+    ``tensor``: the ``out_h × out_w × 3`` uint8 BGR torch CUDA tensor. ``ready``: a CUDA
+    event recorded on the decoder's stream after the decode and letterbox that write it
+    (None: complete already, ``decode.device_wait`` host). An engine's stream waits for it
+    on the GPU (:func:`wait_ready`) before reading, so the decoder's thread never waits
+    for the GPU; the engine holds the frame until its own batch, which waited for
+    ``ready``, is done (:class:`~.engines.gpu_base.GpuSlot`).
+    """
+
+    tensor: Any
+    ready: Any = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.tensor.numel())
+
+    def data_ptr(self) -> int:
+        return int(self.tensor.data_ptr())
+
+    def host(self) -> U8Array:
+        """A host copy, once the canvas is complete (for an engine that cannot read device
+        memory, and for tests)."""
+        if self.ready is not None:
+            self.ready.synchronize()  # a blocking-sync event: this thread sleeps
+        out: U8Array = self.tensor.cpu().numpy()
+        return out
+
+
+def wait_ready(frames: Sequence[Any], stream: Any) -> None:
+    """Make the torch CUDA ``stream`` wait, on the GPU, until every :class:`DeviceFrame`
+    among ``frames`` is complete (each distinct event once; host arrays are skipped)."""
+    seen: set[int] = set()
+    for f in frames:
+        ready = f.ready if isinstance(f, DeviceFrame) else None
+        if ready is not None and id(ready) not in seen:
+            seen.add(id(ready))
+            stream.wait_event(ready)
 
 
 class BatchDecoder(Protocol):
@@ -306,6 +359,8 @@ class CudaBatchDecoder:
 
     ``streams``: how many batches may decode at once (one CUDA stream each).
     ``staging``: allocator for the compressed-bytes pool (the CUDA layer's pinned one).
+    ``wait`` (``decode.device_wait``): ``stream``, each canvas carries an event the engine's
+    stream waits for on the GPU; ``host``, the decoder's thread waits for its stream.
     """
 
     name = "cuda"
@@ -319,8 +374,10 @@ class CudaBatchDecoder:
         staging: Allocator = numpy_allocator,
         library: str = "torchvision",
         cpu_threads: int = 2,
+        wait: str = "stream",
     ) -> None:
         cuda = device.startswith("cuda")
+        self.wait = wait  # decode.device_wait: who waits for the decoder's stream
         # torch's CPU device: only this module's tests, with their own _nvjpeg
         self._torch = import_cuda_torch() if cuda else importlib.import_module("torch")
         self._tvio: Any = None
@@ -346,6 +403,8 @@ class CudaBatchDecoder:
         self.device_frames = 0  # frames decoded on the GPU (tests and logs read these)
         self.host_frames = 0
         self.batch_failures = 0  # batched calls that failed whole and were retried
+        # (event, decoded images) of batches whose letterbox may still be queued (_ready)
+        self._reading: collections.deque[tuple[Any, list[Any]]] = collections.deque()
         if self.nvimgcodec is not None:
             self._warm(self.nvimgcodec, max(1, streams))
 
@@ -427,6 +486,31 @@ class CudaBatchDecoder:
         done.record(stream)
         done.synchronize()
 
+    def _ready(self, stream: Any, images: list[Any]) -> Any:
+        """After a batch's letterbox is queued on ``stream``: with ``wait`` stream, an
+        event for the engines' streams to wait on; with ``wait`` host, None once this
+        thread has waited for the stream.
+
+        The decoded full-size ``images`` are what that queued work reads. nvImageCodec
+        owns their memory, and may free it apart from the stream's order when the last
+        reference goes, so they are kept here until the event has completed
+        (:meth:`_reap`), whoever drops the canvases and when."""
+        if self.wait == "host" or isinstance(stream, _NoStream):
+            self._wait(stream)
+            return None
+        ready = self._torch.cuda.Event(blocking=True)  # host() sleeps on it, never spins
+        ready.record(stream)
+        with self._lock:
+            self._reading.append((ready, images))
+        return ready
+
+    def _reap(self) -> None:
+        """Let go of the decoded images whose letterbox has run (each call, oldest first;
+        a stream's events complete in order, and the oldest of all is at the left)."""
+        with self._lock:
+            while self._reading and self._reading[0][0].query():
+                self._reading.popleft()
+
     def _retry_alone(
         self, datas: Sequence[Any], stream: Any, decode: Callable[[Sequence[Any], Any], list[Any]]
     ) -> list[Any]:
@@ -448,7 +532,9 @@ class CudaBatchDecoder:
     def letterbox(self, images: Sequence[Any], plans: Sequence[Letterbox], pad: int) -> list[Any]:
         """Device letterbox of ``3 × h × w`` RGB uint8 tensors into ``out_h × out_w × 3``
         BGR uint8 canvases: area resize when shrinking, bilinear when enlarging. Frames
-        of one size and plan are resized as one batch."""
+        of one size and plan are resized as one batch, in about a dozen kernels whatever
+        the batch (each a launch and a GIL round trip on a busy worker); a canvas with no
+        border (the ``preset`` fit of a camera's aspect) is not filled first."""
         torch = self._torch
         f = torch.nn.functional
         canvases: list[Any] = [None] * len(images)
@@ -465,9 +551,11 @@ class CudaBatchDecoder:
                     size = (lb.new_h, lb.new_w)
                     x = f.interpolate(x.float(), size=size, mode="bilinear", align_corners=False)
                 x = x.round_().clamp_(0, 255).to(torch.uint8)
-            out = torch.full(
-                (len(idx), lb.out_h, lb.out_w, 3), pad, dtype=torch.uint8, device=self.device
-            )
+            dims = (len(idx), lb.out_h, lb.out_w, 3)
+            if (lb.new_h, lb.new_w) == (lb.out_h, lb.out_w):
+                out = torch.empty(dims, dtype=torch.uint8, device=self.device)
+            else:
+                out = torch.full(dims, pad, dtype=torch.uint8, device=self.device)
             region = out[:, lb.pad_y : lb.pad_y + lb.new_h, lb.pad_x : lb.pad_x + lb.new_w]
             region.copy_(x.flip(1).permute(0, 2, 3, 1))  # RGB CHW -> BGR HWC
             for j, i in enumerate(idx):
@@ -477,6 +565,7 @@ class CudaBatchDecoder:
     # -- the interface --------------------------------------------------------------
 
     def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[Outcome]:
+        self._reap()
         out: list[Outcome | None] = [None] * len(requests)
         to_device = [i for i, r in enumerate(requests) if device_decodable(r)]
         to_host = [i for i in range(len(requests)) if i not in set(to_device)]
@@ -497,15 +586,17 @@ class CudaBatchDecoder:
                 to_host += refused
                 t1 = time.perf_counter()
                 plans = [requests[i].letterbox for i, _ in ok]
+                images = [p for _, p in ok]
                 with self._on(stream):
-                    canvases = self.letterbox([p for _, p in ok], plans, self.host.pad_value)
-                self._wait(stream)  # canvases complete before any engine stream reads them
+                    canvases = self.letterbox(images, plans, self.host.pad_value)
+                ready = self._ready(stream, images)
                 t2 = time.perf_counter()
             finally:
                 self._streams.put(stream)
             for (i, _), canvas in zip(ok, canvases, strict=True):
                 decode_s = t1 - min(t0, requests[i].started)
-                out[i] = Prepared(canvas, requests[i].letterbox, decode_s, t2 - t1, on_device=True)
+                frame = DeviceFrame(canvas, ready)
+                out[i] = Prepared(frame, requests[i].letterbox, decode_s, t2 - t1, on_device=True)
             with self._lock:
                 self.device_frames += len(ok)
         for i in sorted(to_host):
@@ -523,19 +614,21 @@ def area_resize(torch: Any, x: Any, new_h: int, new_w: int) -> Any:
     does (:func:`~edge_vision.shape.area_taps`): width, then height, each output a weighted
     sum of the few inputs it covers. Exact for fractional factors too (1280x720 to
     640x352), where torch's ``area`` mode (adaptive average pooling) rounds each window
-    to whole pixels. Runs wherever ``x`` is: the device letterbox, and CI's CPU tests."""
+    to whole pixels. Each axis is three kernels whatever its number of taps: one gather of
+    every tap, one product with the weights, one sum. Runs wherever ``x`` is: the device
+    letterbox, and CI's CPU tests."""
     for axis, n_out in ((3, new_w), (2, new_h)):
         n_in = x.shape[axis]
         if n_in == n_out:
             continue
         index, weight = _device_taps(torch, n_in, n_out, x.device)
-        shape = [1, 1, 1, 1]
-        shape[axis] = n_out
-        acc = None
-        for k in range(index.shape[1]):
-            term = x.index_select(axis, index[:, k]) * weight[:, k].reshape(shape)
-            acc = term if acc is None else acc.add_(term)
-        x = acc
+        taps = index.shape[1]
+        # [..., n_out * taps, ...] -> [..., n_out, taps, ...]: each output's inputs together
+        gathered = x.index_select(axis, index.reshape(-1))
+        shape = list(x.shape)
+        shape[axis : axis + 1] = [n_out, taps]
+        w = weight.reshape([n_out, taps] + [1] * (3 - axis))
+        x = (gathered.reshape(shape) * w).sum(axis + 1)
     return x
 
 
@@ -555,6 +648,7 @@ def make_device_decoder(
     staging: Allocator = numpy_allocator,
     library: str = "auto",
     cpu_threads: int = 2,
+    wait: str = "stream",
 ) -> CudaBatchDecoder | None:
     """``decode.device``: ``host`` (None), ``cuda`` or ``auto`` (a decoder when torch sees a
     GPU and nvImageCodec or torchvision is there); ``library``: ``decode.device_library``.
@@ -566,7 +660,12 @@ def make_device_decoder(
         return None
     try:
         return CudaBatchDecoder(
-            host, streams=streams, staging=staging, library=library, cpu_threads=cpu_threads
+            host,
+            streams=streams,
+            staging=staging,
+            library=library,
+            cpu_threads=cpu_threads,
+            wait=wait,
         )
     except Exception as e:  # noqa: BLE001 - degrade to host decode, said in the log
         if device == "cuda":

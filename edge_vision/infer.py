@@ -94,7 +94,7 @@ def frames_for(engine: Engine, jobs: Sequence[_Job]) -> list[Any]:
     frames: list[Any] = [j.frame for j in jobs]
     if engine.accepts_device_frames:
         return frames
-    return [f if isinstance(f, np.ndarray) else f.cpu().numpy() for f in frames]
+    return [f if isinstance(f, np.ndarray) else f.host() for f in frames]
 
 
 class InferenceService:

@@ -39,6 +39,7 @@ import numpy as np
 from ..config import Config
 from ..cuda import CudaEvent, CudaRuntime, CudaStream, open_runtime
 from ..decode import Allocator
+from ..decode_batch import DeviceFrame, wait_ready
 from ..errors import EngineError
 from ..models import ModelSpec
 from .base import Engine, SlotPool, U8Array
@@ -118,33 +119,42 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
         self, base: int, frames: Sequence[Any], slot: SlotT, *, into: Any = None
     ) -> None:
         """Copy each frame to consecutive rows at device address ``base``, one copy per
-        frame: H2D from the decode pool's pinned buffers, or D2D from device canvases.
-        With ``into``, a torch tensor over those rows (the caller has made the slot's
-        stream torch's current one), a batch of device canvases goes in with one
-        stacking kernel instead: one call, not one a frame, on a busy worker's GIL.
+        frame: H2D from the decode pool's pinned buffers, or D2D from the GPU decoder's
+        :class:`~edge_vision.decode_batch.DeviceFrame` canvases. With ``into``, a torch
+        tensor over those rows (the caller has made the slot's stream torch's current
+        one), a batch of device canvases goes in with one stacking kernel instead: one
+        call, not one a frame, on a busy worker's GIL.
 
-        A device canvas is complete when it arrives (the decoder waited for its stream),
-        so no cross-stream wait is needed before the copy. The slot keeps a reference to
-        it until the batch's event has completed (:meth:`_run_batch`): torch's caching
-        allocator cannot hand its memory to another decode while the copy queued here
-        has yet to run, even when the frame's caller drops it early (a client gone
-        mid-batch). (``Tensor.record_stream`` would do the same inside torch, but it
-        records on the slot's stream at free time, and the slot streams are destroyed
-        when the engine closes while canvases may still be alive.)"""
-        if into is not None and frames and not any(isinstance(f, np.ndarray) for f in frames):
+        A device canvas may still be being decoded on the decoder's stream: the slot's
+        stream first waits, on the GPU, for each canvas's ``ready`` event
+        (:func:`~edge_vision.decode_batch.wait_ready`); no thread waits. The slot keeps a
+        reference to each canvas until the batch's event has completed
+        (:meth:`_run_batch`): torch's caching allocator cannot hand its memory to another
+        decode while the copy queued here has yet to run, even when the frame's caller
+        drops it early (a client gone mid-batch). (``Tensor.record_stream`` would do the
+        same inside torch, but it records on the slot's stream at free time, and the slot
+        streams are destroyed when the engine closes while canvases may still be alive.)"""
+        on_device = [f for f in frames if isinstance(f, DeviceFrame)]
+        if on_device:
             import torch  # device canvases are torch tensors: torch is there
 
-            torch.stack(list(frames), out=into[: len(frames)])
-            slot.reading.extend(frames)
-            return
+            if into is not None:  # the slot's stream is torch's current one
+                stream = torch.cuda.current_stream()
+            else:
+                device = on_device[0].tensor.device
+                stream = torch.cuda.ExternalStream(slot.stream.handle, device=device)  # type: ignore[no-untyped-call]
+            wait_ready(on_device, stream)
+            slot.reading.extend(on_device)
+            if into is not None and len(on_device) == len(frames):
+                torch.stack([f.tensor for f in on_device], out=into[: len(frames)])
+                return
         rt = self._rt()
         for i, frame in enumerate(frames):
             dst = base + i * frame.nbytes
-            if isinstance(frame, np.ndarray):
-                rt.copy_htod_async(dst, np.ascontiguousarray(frame), slot.stream)
-            else:
+            if isinstance(frame, DeviceFrame):
                 rt.copy_dtod_async(dst, frame.data_ptr(), frame.nbytes, slot.stream)
-                slot.reading.append(frame)
+            else:
+                rt.copy_htod_async(dst, np.ascontiguousarray(frame), slot.stream)
 
     @abstractmethod
     def _launch(self, slot: SlotT, frames: Sequence[U8Array]) -> LayoutT:

@@ -116,7 +116,7 @@ async def test_nvjpeg_pixels_and_device_letterbox_match_libjpeg_turbo_and_the_ho
         for data, o in zip(jpegs, out, strict=True):
             assert isinstance(o, Prepared) and o.on_device
             lb = o.letterbox
-            got = o.canvas.cpu().numpy().astype(np.int16)
+            got = o.canvas.host().astype(np.int16)
             # The letterbox itself: the host's (cv2 INTER_AREA / INTER_LINEAR) of the same
             # full-size pixels.
             ref = np.empty((lb.out_h, lb.out_w, 3), np.uint8)
@@ -188,7 +188,7 @@ async def test_inputs_queued_on_engine_streams_are_never_overwritten_by_a_decode
         for d in jpegs:
             (o,) = await asyncio.to_thread(dec.decode_batch, [_req(pipeline, d)])
             assert isinstance(o, Prepared)
-            expected.append(o.canvas.cpu().numpy())
+            expected.append(o.canvas.host())
         which: dict[int, int] = {}  # id(canvas) -> frame index, while the canvas lives
         by_bytes = {d: i for i, d in enumerate(jpegs)}
         decode_batch = dec.decode_batch

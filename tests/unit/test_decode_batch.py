@@ -13,7 +13,8 @@ import asyncio
 import dataclasses
 import io
 import struct
-from typing import Any
+import types
+from typing import Any, ClassVar
 
 import cv2
 import numpy as np
@@ -25,9 +26,11 @@ from edge_vision.decode_batch import (
     CudaBatchDecoder,
     DecodeBatcher,
     DecodeRequest,
+    DeviceFrame,
     Prepared,
     device_decodable,
     jpeg_kind,
+    wait_ready,
 )
 from edge_vision.errors import ClientError
 from edge_vision.infer import InferenceService
@@ -150,7 +153,7 @@ def test_mock_device_decoder_one_corrupt_jpeg_in_a_batch_fails_only_its_own_fram
     for got, data in zip((out[0], out[2], out[3]), good, strict=True):
         assert isinstance(got, Prepared) and got.on_device
         host = pipeline.host_decoder.decode_one(_request(pipeline, data))
-        canvas = got.canvas.numpy()
+        canvas = got.canvas.host()
         assert canvas.shape == host.canvas.shape == shape
         # Same pixels, placed the same way.
         assert np.abs(canvas.astype(int) - host.canvas.astype(int)).mean() < 2
@@ -191,7 +194,7 @@ def test_mock_device_decoder_sends_png_and_progressive_frames_the_host_way(
     region = full[lb.pad_y : lb.pad_y + lb.new_h, lb.pad_x : lb.pad_x + lb.new_w]
     decoded = cv2.imdecode(np.frombuffer(frames[2], np.uint8), cv2.IMREAD_COLOR)
     region[:] = cv2.resize(decoded, (lb.new_w, lb.new_h), interpolation=cv2.INTER_AREA)
-    dev = device.canvas.numpy().astype(int)
+    dev = device.canvas.host().astype(int)
     diff = np.abs(dev - host.canvas.astype(int))
     print(f"device vs host {fit}: mean {diff.mean():.2f}, max {diff.max()}")
     assert diff.mean() < apart
@@ -275,3 +278,100 @@ def test_mock_device_letterbox_of_a_fractional_shrink_equals_the_host_letterbox(
     letterbox_into(rgb[:, :, ::-1].copy(), lb, ref, 114)
     diff = np.abs(canvas.numpy().astype(np.int16) - ref)
     assert diff.mean() < 0.05 and diff.max() <= 1
+
+
+class _MockEvent:
+    """Stands in for a torch CUDA event (CI has no GPU): completes when told to."""
+
+    log: ClassVar[list[str]] = []
+
+    def __init__(self, blocking: bool = False) -> None:
+        assert blocking, "a host wait on this event must sleep, not spin"
+        self.done = False
+        self.recorded_on: Any = None
+
+    def record(self, stream: Any) -> None:
+        self.recorded_on = stream
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        _MockEvent.log.append("synchronize")
+        self.done = True
+
+
+class _MockStream:
+    def __init__(self) -> None:
+        self.waited: list[Any] = []
+
+    def wait_event(self, event: Any) -> None:
+        self.waited.append(event)
+
+
+def test_mock_engine_stream_waits_once_for_each_decode_batch_event_and_never_for_host_frames() -> (
+    None
+):
+    torch = pytest.importorskip("torch", reason="device frames are torch tensors")
+    first, second = _MockEvent(True), _MockEvent(True)
+    canvas = torch.zeros((2, 2, 3), dtype=torch.uint8)
+    frames = [
+        DeviceFrame(canvas, first),
+        np.zeros((2, 2, 3), np.uint8),  # decoded on the host: nothing to wait for
+        DeviceFrame(canvas, first),  # the same decode batch: one wait covers both
+        DeviceFrame(canvas, None),  # waited for by its decoder already (device_wait host)
+        DeviceFrame(canvas, second),
+    ]
+    stream = _MockStream()
+    wait_ready(frames, stream)
+    assert stream.waited == [first, second]
+
+
+def test_mock_a_device_frame_copied_to_the_host_waits_for_its_decode_first() -> None:
+    torch = pytest.importorskip("torch", reason="device frames are torch tensors")
+    ready = _MockEvent(True)
+
+    class _Canvas:
+        def cpu(self) -> Any:
+            _MockEvent.log.append("copy")
+            return torch.full((2, 2, 3), 7, dtype=torch.uint8)
+
+    _MockEvent.log = []
+    got = DeviceFrame(_Canvas(), ready).host()
+    assert _MockEvent.log == ["synchronize", "copy"]
+    assert got.shape == (2, 2, 3) and int(got.max()) == 7
+
+
+def test_mock_decoded_images_live_until_the_letterbox_that_reads_them_has_run(
+    pipeline: FramePipeline,
+) -> None:
+    """decode.device_wait stream: the decoder returns before its stream has run, so the
+    full-size images its queued letterbox reads (nvImageCodec's memory) must outlive the
+    canvases' callers; they go once the batch's event has completed, not before."""
+    dec = _stand_in(pipeline)
+    assert dec.wait == "stream"
+    dec._torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_MockEvent))
+    stream = _MockStream()
+    images = [object(), object()]
+    ready = dec._ready(stream, images)
+    assert isinstance(ready, _MockEvent) and ready.recorded_on is stream
+    later_images = [object()]
+    later = dec._ready(stream, later_images)
+    dec._reap()
+    assert [held for _, held in dec._reading] == [images, later_images]
+    ready.done = True
+    dec._reap()
+    assert len(dec._reading) == 1  # the first batch's images went; the second's stay
+    later.done = True
+    dec._reap()
+    assert not dec._reading
+
+
+def test_mock_device_wait_host_gives_complete_canvases_and_holds_nothing(
+    pipeline: FramePipeline,
+) -> None:
+    dec = _stand_in(pipeline)
+    dec.wait = "host"
+    (out,) = dec.decode_batch([_request(pipeline, text_scene(320, 180).jpeg())])
+    assert isinstance(out, Prepared) and isinstance(out.canvas, DeviceFrame)
+    assert out.canvas.ready is None and not dec._reading
