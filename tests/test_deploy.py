@@ -6,6 +6,7 @@ preStop and termination grace fit the node's own configuration and SIGTERM hand-
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -233,3 +234,26 @@ def test_every_yaml_file_under_deploy_parses() -> None:
     assert len(files) >= 15
     for path in files:
         assert list(yaml.safe_load_all(path.read_text())), path
+
+
+def test_the_mps_unit_passes_systemd_analyze_verify_and_shares_its_pipe_with_the_nodes(
+    tmp_path: Path,
+) -> None:
+    """deploy/systemd/nvidia-mps.service: verified by systemd itself (its ExecStart pointed
+    at a program this machine has: the GPU driver's nvidia-cuda-mps-control is not here),
+    and the compose overlay's nodes look for the daemon in the same pipe directory."""
+    unit = (DEPLOY / "systemd" / "nvidia-mps.service").read_text()
+    copy = tmp_path / "nvidia-mps.service"
+    copy.write_text(unit.replace("/usr/bin/nvidia-cuda-mps-control", shutil.which("true") or ""))
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "SYSTEMD_LOG_LEVEL": "notice"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Environment=CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps" in unit
+    node = compose("gpu-mps.yml")["services"]["edge-vision"]
+    assert node["environment"]["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps"
+    assert "/run/nvidia-mps:/run/nvidia-mps" in node["volumes"] and node["ipc"] == "host"

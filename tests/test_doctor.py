@@ -5,6 +5,7 @@ TensorRT (tests/test_tensorrt_mocked.py) the plan and engine paths run too."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -22,6 +23,7 @@ from edge_vision.doctor import (
     Doctor,
     DoctorOptions,
     jetpack_for_l4t,
+    mps_pipe_dir,
     parse_l4t_release,
     relative_error,
 )
@@ -37,6 +39,7 @@ CPU_CHECKS = {
     "jetpack / l4t",
     "cuda",
     "cuda layer",
+    "gpu sharing (mps)",
     "tensorrt",
     "dla cores",
     "jpeg decoder",
@@ -45,7 +48,14 @@ CPU_CHECKS = {
     "engine vs onnxruntime",
     "latency onnxruntime",
 }
-NEEDS_GPU_OR_TENSORRT = {"cuda", "cuda layer", "tensorrt", "dla cores", "tensorrt plan"}
+NEEDS_GPU_OR_TENSORRT = {
+    "cuda",
+    "cuda layer",
+    "gpu sharing (mps)",
+    "tensorrt",
+    "dla cores",
+    "tensorrt plan",
+}
 
 
 def test_doctor_on_this_cpu_machine_reports_every_check_and_exits_0(tmp_path: Path) -> None:
@@ -99,6 +109,34 @@ def test_l4t_release_lines_name_the_jetpack() -> None:
     assert jetpack_for_l4t("35.4.1") == "5.1.2"
     assert jetpack_for_l4t("32.7.4") is None
     assert parse_l4t_release("not a release file") is None
+
+
+def test_mps_is_found_by_its_control_fifo_where_cuda_clients_look_for_it(tmp_path: Path) -> None:
+    """A real FIFO named control, as nvidia-cuda-mps-control -d makes it: found in
+    CUDA_MPS_PIPE_DIRECTORY; a plain file or an empty directory is no daemon."""
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}
+    assert mps_pipe_dir(env) is None
+    (tmp_path / "control").write_text("")
+    assert mps_pipe_dir(env) is None
+    (tmp_path / "control").unlink()
+    os.mkfifo(tmp_path / "control")
+    assert mps_pipe_dir(env) == tmp_path
+
+
+def test_doctor_says_when_several_workers_take_turns_on_a_gpu_without_mps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    doc = Doctor(make_config({"server": {"workers": 4}}), DoctorOptions(), out=lambda _: None)
+    assert doc.check_gpu_sharing().status == NA  # no GPU found (yet): nothing to say
+    doc._gpu = "a GPU (stand-in: this machine has none)"
+    alone = doc.check_gpu_sharing()
+    assert alone.details["workers"] == 4 and "take turns" in alone.summary
+    assert "deploy/systemd/nvidia-mps.service" in alone.summary
+    os.mkfifo(tmp_path / "control")
+    shared = doc.check_gpu_sharing()
+    assert "MPS is running" in shared.summary
+    assert shared.details["mps_pipe_directory"] == str(tmp_path)
 
 
 def test_relative_error_is_the_norm_of_the_difference_over_the_reference() -> None:
