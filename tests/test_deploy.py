@@ -6,7 +6,6 @@ preStop and termination grace fit the node's own configuration and SIGTERM hand-
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from edge_vision.config import Config, load_config
 
 from .support import kustomize
 from .support.timing import T
+from .support.units import verify_unit
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -243,15 +243,8 @@ def test_the_mps_unit_passes_systemd_analyze_verify_and_shares_its_pipe_with_the
     at a program this machine has: the GPU driver's nvidia-cuda-mps-control is not here),
     and the compose overlay's nodes look for the daemon in the same pipe directory."""
     unit = (DEPLOY / "systemd" / "nvidia-mps.service").read_text()
-    copy = tmp_path / "nvidia-mps.service"
-    copy.write_text(unit.replace("/usr/bin/nvidia-cuda-mps-control", shutil.which("true") or ""))
-    done = subprocess.run(
-        ["systemd-analyze", "verify", str(copy)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, "SYSTEMD_LOG_LEVEL": "notice"},
-    )
+    runnable = unit.replace("/usr/bin/nvidia-cuda-mps-control", shutil.which("true") or "")
+    done = verify_unit(runnable, tmp_path, "nvidia-mps.service")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Environment=CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps" in unit
     node = compose("gpu-mps.yml")["services"]["edge-vision"]

@@ -6,13 +6,14 @@ can check (every step, in order, with the options given), and nothing may change
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from .support.units import verify_unit
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -88,14 +89,6 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     exe_path = str(exe) if exe.exists() else shutil.which("edge-vision")
     assert exe_path, "edge-vision console script not installed (pip install -e .)"
     unit = UNIT.read_text().replace("/opt/edge-vision/venv/bin/edge-vision", exe_path)
-    copy = tmp_path / "edge-vision.service"
-    copy.write_text(unit)
-    done = subprocess.run(
-        ["systemd-analyze", "verify", str(copy)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, "SYSTEMD_LOG_LEVEL": "notice"},
-    )
+    done = verify_unit(unit, tmp_path, "edge-vision.service")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "NotifyAccess=main" in unit and "Type=notify" in unit
