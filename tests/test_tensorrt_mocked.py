@@ -39,6 +39,7 @@ import pytest
 from edge_vision.cli import main
 from edge_vision.config import Config
 from edge_vision.cuda.base import CudaEvent, CudaRuntime, CudaStream, DeviceBuffer, PinnedBuffer
+from edge_vision.decode_batch import DeviceFrame
 from edge_vision.engines import create_engine, gpu_base
 from edge_vision.engines.tensorrt import build as trt_build
 from edge_vision.engines.tensorrt import library as trt_library
@@ -138,6 +139,10 @@ class MockCudaRuntime(CudaRuntime):
     def copy_dtoh_async(self, dst: np.ndarray, src: int, stream: CudaStream) -> None:
         ctypes.memmove(dst.ctypes.data, src, dst.nbytes)
 
+    def copy_dtod_async(self, dst: int, src: int, nbytes: int, stream: CudaStream) -> None:
+        self.state.stream_log.append(("copy", stream.handle))
+        ctypes.memmove(dst, src, nbytes)
+
     def record(self, event: CudaEvent, stream: CudaStream) -> None:
         pass
 
@@ -173,6 +178,7 @@ class MockState:
     executions: int = 0
     parses: int = 0
     open_buffers: int = 0
+    stream_log: list[tuple[str, Any]] = field(default_factory=list)  # GPU-side waits, copies
     # When set, an event synchronise blocks until it is set (a batch still on the GPU);
     # ``synchronising`` is set once a run thread waits there.
     gpu_done: threading.Event | None = None
@@ -573,6 +579,12 @@ def mock_trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[MockState, types
     yield state, module
 
 
+@pytest.fixture
+def cpu_torch() -> Any:
+    """torch (its CPU build here), imported before the test's event loop runs."""
+    return pytest.importorskip("torch", reason="device frames are torch tensors")
+
+
 def trt_config(engine_dir: Path, **tensorrt: Any) -> Any:
     return make_config(
         {
@@ -693,6 +705,57 @@ async def test_mock_tensorrt_a_cancelled_batch_keeps_its_slot_until_its_outputs_
     ref = await _to_thread(ort_reference, spec, second)
     assert np.linalg.norm(got[0] - ref) / np.linalg.norm(ref) < 1e-5
     assert state.open_buffers == 0
+
+
+async def test_mock_tensorrt_takes_gpu_decoded_frames_once_its_stream_has_waited_for_their_decode(
+    spec: ModelSpec,
+    mock_trt: tuple[MockState, types.ModuleType],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cpu_torch: Any,
+) -> None:
+    """TensorRT gets the GPU decoder's frames through the shared GPU engine base: its
+    slot's stream waits, on the GPU, for each decode batch's event before the
+    device-to-device copies (mock events and streams: CI has no GPU), then serves them
+    as it serves host frames; the slot lets go of them once the batch is done."""
+    torch = cpu_torch
+    state, _ = mock_trt
+
+    class _WaitingStream:  # the slot's stream as torch sees it (ExternalStream)
+        def __init__(self, handle: int, device: Any = None) -> None:
+            self.handle = handle
+
+        def wait_event(self, event: Any) -> None:
+            state.stream_log.append(("wait", event))
+
+    monkeypatch.setattr(torch.cuda, "ExternalStream", _WaitingStream)
+    engine = create_engine("tensorrt", spec, trt_config(tmp_path))
+    await engine.start()
+    try:
+        rng = np.random.default_rng(11)
+        pixels = [rng.integers(0, 256, (352, 640, 3), dtype=np.uint8) for _ in range(4)]
+        decoded_together, decoded_later = object(), object()  # two decode batches' events
+        frames: list[Any] = [
+            DeviceFrame(torch.from_numpy(pixels[0]), decoded_together),
+            DeviceFrame(torch.from_numpy(pixels[1]), decoded_together),
+            pixels[2],  # decoded on the host
+            DeviceFrame(torch.from_numpy(pixels[3]), decoded_later),
+        ]
+        got = await engine.infer(frames)
+        slots_reading = [len(slot.reading) for slot in engine._all_slots]
+    finally:
+        await engine.close()
+    (slot_stream,) = {handle for kind, handle in state.stream_log if kind == "copy"}
+    assert state.stream_log == [
+        ("wait", decoded_together),
+        ("wait", decoded_later),
+        ("copy", slot_stream),
+        ("copy", slot_stream),
+        ("copy", slot_stream),
+    ]
+    assert slots_reading == [0, 0]  # let go once the batch was done
+    ref = await _to_thread(ort_reference, spec, pixels)
+    assert np.linalg.norm(got[0] - ref) / np.linalg.norm(ref) < 1e-5
 
 
 async def test_mock_tensorrt_plan_for_another_tensorrt_version_is_refused_or_rebuilt_by_config(

@@ -68,8 +68,8 @@ class Engine(ABC):
 
     @property
     def accepts_device_frames(self) -> bool:
-        """True when :meth:`infer` also takes frames already on the GPU (torch CUDA
-        tensors from the device decoder, :mod:`edge_vision.decode_batch`)."""
+        """True when :meth:`infer` also takes frames already on the GPU
+        (:class:`~edge_vision.decode_batch.DeviceFrame` canvases of the device decoder)."""
         return False
 
     @abstractmethod
@@ -79,7 +79,7 @@ class Engine(ABC):
     @abstractmethod
     async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
         """Run one batch of same-shape HxWx3 uint8 BGR frames; outputs are batch-first.
-        Engines that :attr:`accepts_device_frames` also take CUDA tensors among them."""
+        Engines that :attr:`accepts_device_frames` also take DeviceFrames among them."""
 
     @abstractmethod
     async def close(self) -> None:

@@ -138,12 +138,13 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
         if on_device:
             import torch  # device canvases are torch tensors: torch is there
 
-            if into is not None:  # the slot's stream is torch's current one
-                stream = torch.cuda.current_stream()
-            else:
-                device = on_device[0].tensor.device
-                stream = torch.cuda.ExternalStream(slot.stream.handle, device=device)  # type: ignore[no-untyped-call]
-            wait_ready(on_device, stream)
+            if any(f.ready is not None for f in on_device):
+                if into is not None:  # the slot's stream is torch's current one
+                    stream = torch.cuda.current_stream()
+                else:
+                    device = on_device[0].tensor.device
+                    stream = torch.cuda.ExternalStream(slot.stream.handle, device=device)  # type: ignore[no-untyped-call]
+                wait_ready(on_device, stream)
             slot.reading.extend(on_device)
             if into is not None and len(on_device) == len(frames):
                 torch.stack([f.tensor for f in on_device], out=into[: len(frames)])
