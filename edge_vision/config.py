@@ -155,6 +155,13 @@ class ServerConfig(_Section):
         "runs Python. For tuning: 0.5 ms made no difference at 64 cameras on the H200 "
         "(docs/benchmarks.md).",
     )
+    event_loop: Literal["asyncio", "uvloop"] = Field(
+        "asyncio",
+        description="Each serving process's event loop: asyncio (Python's own) or uvloop "
+        "(libuv, pip install uvloop): less of the worker's one interpreter spent on sockets "
+        "and callbacks, which is what a GPU host's workers are short of "
+        "(docs/benchmarks.md).",
+    )
     test_echo_route: bool = Field(
         False,
         description="Tests only: serve a WebSocket echo route at /test/echo with /ws's "
@@ -464,12 +471,13 @@ class DecodeConfig(_Section):
     device_streams: int = Field(
         2, ge=1, le=8, description="Device decode calls in flight at once, one stream each."
     )
-    device_wait: Literal["stream", "host"] = Field(
-        "stream",
-        description="Who waits for a device decode (decode.device cuda): stream, the "
-        "engine's CUDA stream waits on the GPU for each canvas's event, so no thread waits "
-        "and the decode overlaps the batching; host, the decode thread waits for the "
-        "decoder's stream before the frame goes on (the behaviour before 2026-12-02).",
+    device_wait: Literal["host", "stream"] = Field(
+        "host",
+        description="Who waits for a device decode (decode.device cuda): host, the decode "
+        "thread waits for the decoder's stream before the frame goes on; stream, the "
+        "engine's CUDA stream waits on the GPU for each canvas's event, so the decode "
+        "thread is free at once. On the H200 at 64 cameras stream answered within noise "
+        "of host and took 8-28 % more server CPU a frame (docs/benchmarks.md).",
     )
     pool_idle_bytes: int = Field(
         16 * 1024 * 1024,

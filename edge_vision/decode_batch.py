@@ -36,11 +36,13 @@ For torchvision's nvJPEG, compressed bytes are staged in a pool of their own
 nvImageCodec reads them where they are.
 
 Stream ordering: the GPU decode and the letterbox run on the decoder's own CUDA stream.
-With ``decode.device_wait`` stream (the default), :meth:`CudaBatchDecoder.decode_batch`
-returns once that work is queued: each canvas is a :class:`DeviceFrame` carrying an event
-recorded after it, and the engine's stream waits for that event on the GPU before it
-reads the canvas (:func:`wait_ready`), so no thread waits for the decoder (with
-``host``, the decoder's thread waits for its stream, as before 2026-12-02). A canvas's
+With ``decode.device_wait`` host (the default), :meth:`CudaBatchDecoder.decode_batch`
+returns once its stream has finished (the wait blocks the worker thread, not the event
+loop). With ``stream`` it returns once that work is queued: each canvas is a
+:class:`DeviceFrame` carrying an event recorded after it, and the engine's stream waits
+for that event on the GPU before it reads the canvas (:func:`wait_ready`), so the
+decoder's thread does not wait for its letterbox (torchvision's nvJPEG still waits for
+the stream before each decode: see :meth:`CudaBatchDecoder.decode_pixels`). A canvas's
 memory goes back to torch's caching allocator only when the last reference goes, and to
 the decoder's stream, whose later work runs after the work that wrote it; the engine slot
 holds a reference until its batch's event has completed
@@ -359,8 +361,8 @@ class CudaBatchDecoder:
 
     ``streams``: how many batches may decode at once (one CUDA stream each).
     ``staging``: allocator for the compressed-bytes pool (the CUDA layer's pinned one).
-    ``wait`` (``decode.device_wait``): ``stream``, each canvas carries an event the engine's
-    stream waits for on the GPU; ``host``, the decoder's thread waits for its stream.
+    ``wait`` (``decode.device_wait``): ``host``, the decoder's thread waits for its stream;
+    ``stream``, each canvas carries an event the engine's stream waits for on the GPU.
     """
 
     name = "cuda"
@@ -374,7 +376,7 @@ class CudaBatchDecoder:
         staging: Allocator = numpy_allocator,
         library: str = "torchvision",
         cpu_threads: int = 2,
-        wait: str = "stream",
+        wait: str = "host",
     ) -> None:
         cuda = device.startswith("cuda")
         self.wait = wait  # decode.device_wait: who waits for the decoder's stream
@@ -416,8 +418,9 @@ class CudaBatchDecoder:
         held = [self._streams.get() for _ in range(streams)]
         try:
             for stream in held:
-                codec.decode([tiny], stream)
-                self._wait(stream)
+                warmed = codec.decode([tiny], stream)
+                self._wait(stream)  # before the decoded image's memory can go
+                del warmed
         except Exception as e:  # noqa: BLE001 - a slow first frame, not a failed start
             log.warning("nvImageCodec warm-up failed (%s); its first frames will be slower", e)
         finally:
@@ -506,7 +509,9 @@ class CudaBatchDecoder:
 
     def _reap(self) -> None:
         """Let go of the decoded images whose letterbox has run (each call, oldest first;
-        a stream's events complete in order, and the oldest of all is at the left)."""
+        a stream's events complete in order, and the oldest of all is at the left). What
+        is held is bounded: the batches still queued, and once the service goes quiet the
+        last batch of each stream, until the next call."""
         with self._lock:
             while self._reading and self._reading[0][0].query():
                 self._reading.popleft()
@@ -587,8 +592,12 @@ class CudaBatchDecoder:
                 t1 = time.perf_counter()
                 plans = [requests[i].letterbox for i, _ in ok]
                 images = [p for _, p in ok]
-                with self._on(stream):
-                    canvases = self.letterbox(images, plans, self.host.pad_value)
+                try:
+                    with self._on(stream):
+                        canvases = self.letterbox(images, plans, self.host.pad_value)
+                except BaseException:
+                    self._wait(stream)  # what it queued has run before the images go
+                    raise
                 ready = self._ready(stream, images)
                 t2 = time.perf_counter()
             finally:
@@ -622,6 +631,10 @@ def area_resize(torch: Any, x: Any, new_h: int, new_w: int) -> Any:
         if n_in == n_out:
             continue
         index, weight = _device_taps(torch, n_in, n_out, x.device)
+        if x.is_cuda:  # cached, and read by each decoder stream: never freed under one
+            stream = torch.cuda.current_stream(x.device)
+            index.record_stream(stream)
+            weight.record_stream(stream)
         taps = index.shape[1]
         # [..., n_out * taps, ...] -> [..., n_out, taps, ...]: each output's inputs together
         gathered = x.index_select(axis, index.reshape(-1))
@@ -635,7 +648,9 @@ def area_resize(torch: Any, x: Any, new_h: int, new_w: int) -> Any:
 @functools.lru_cache(maxsize=64)
 def _device_taps(torch: Any, n_in: int, n_out: int, device: Any) -> tuple[Any, Any]:
     """:func:`~edge_vision.shape.area_taps` on ``device``, made once per size (a copy to
-    the device each call would wait for the GPU)."""
+    the device each call would wait for the GPU). Each use records the stream that reads
+    them (:func:`area_resize`), so an entry evicted from this cache is not reused by
+    torch's allocator while another decoder stream still has kernels queued on it."""
     index, weight = area_taps(n_in, n_out)
     return torch.from_numpy(index).to(device), torch.from_numpy(weight).to(device)
 
@@ -648,7 +663,7 @@ def make_device_decoder(
     staging: Allocator = numpy_allocator,
     library: str = "auto",
     cpu_threads: int = 2,
-    wait: str = "stream",
+    wait: str = "host",
 ) -> CudaBatchDecoder | None:
     """``decode.device``: ``host`` (None), ``cuda`` or ``auto`` (a decoder when torch sees a
     GPU and nvImageCodec or torchvision is there); ``library``: ``decode.device_library``.

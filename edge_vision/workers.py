@@ -344,7 +344,22 @@ def _serve(
         shutdown_timeout=config.server.shutdown_grace_s + 2,
         access_log=None,
         reuse_port=reuse_port,
+        loop=new_event_loop(config.server.event_loop),
     )
+
+
+def new_event_loop(kind: str) -> asyncio.AbstractEventLoop:
+    """A serving process's event loop (``server.event_loop``)."""
+    if kind == "uvloop":
+        try:
+            import uvloop
+        except ImportError as e:
+            raise ConfigError(f"server.event_loop uvloop: pip install uvloop ({e})") from e
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+    log.info("event loop: %s", type(loop).__module__.split(".")[0])
+    return loop
 
 
 def _tune_process(server: ServerConfig) -> None:

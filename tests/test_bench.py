@@ -116,3 +116,38 @@ async def test_a_camera_against_a_server_that_stops_reading_reports_the_stall() 
     assert res.send_stalled and res.connect_error is None
     assert 0 < res.sent < 30 and res.answered == 0
     assert res.unanswered == res.sent  # reported, not silently lost
+
+
+@pytest.mark.timeout(180)
+def test_the_loop_bench_times_the_server_s_cpu_a_message_on_each_loop(tmp_path: Path) -> None:
+    """python -m edge_vision.bench.loop, tiny: a real server per loop, every message echoed
+    and counted, the server's CPU per message read from /proc for both loops."""
+    out = tmp_path / "loop.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edge_vision.bench.loop",
+            # enough messages that the server's CPU time is many of /proc's 10 ms ticks
+            "--clients",
+            "4",
+            "--messages",
+            "250",
+            "--bytes",
+            "90000",
+            "--rounds",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=T(150),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert [r["loop"] for r in report["runs"]] == ["asyncio", "uvloop"]
+    for r in report["runs"]:
+        assert r["messages"] == 4 * 250
+        assert r["server_cpu_us_per_message"] > 0 and r["messages_per_s"] > 0
+    assert "µs server CPU a message" in proc.stdout

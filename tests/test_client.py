@@ -243,6 +243,24 @@ async def test_a_real_server_process_warming_up_then_killed(tmp_path: Path) -> N
         await asyncio.to_thread(node.stop)
 
 
+async def test_a_real_server_process_on_uvloop_serves_frames(tmp_path: Path) -> None:
+    """server.event_loop uvloop: `edge-vision serve` runs its loop on libuv and serves as
+    on asyncio's (python -m edge_vision.bench.loop measures the difference)."""
+    node = ServerProcess(*LIGHT_NODE, "server.event_loop=uvloop", log_path=tmp_path / "node.log")
+    await asyncio.to_thread(node.start)
+    try:
+        await node.wait_ready()
+        client = EdgeVisionClient(node.ws_url)
+        try:
+            await client.connect()
+            assert_text_found(await client.detect(LIGHT_JPG), LIGHT_SCENE)
+        finally:
+            await client.close()
+    finally:
+        await asyncio.to_thread(node.stop)
+    assert "event loop: uvloop" in await asyncio.to_thread(node.log)
+
+
 # -- close reasons from a real server ----------------------------------------------------
 
 

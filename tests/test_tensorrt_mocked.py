@@ -726,7 +726,7 @@ async def test_mock_tensorrt_takes_gpu_decoded_frames_once_its_stream_has_waited
             self.handle = handle
 
         def wait_event(self, event: Any) -> None:
-            state.stream_log.append(("wait", event))
+            state.stream_log.append(("wait", (self.handle, event)))
 
     monkeypatch.setattr(torch.cuda, "ExternalStream", _WaitingStream)
     engine = create_engine("tensorrt", spec, trt_config(tmp_path))
@@ -747,8 +747,8 @@ async def test_mock_tensorrt_takes_gpu_decoded_frames_once_its_stream_has_waited
         await engine.close()
     (slot_stream,) = {handle for kind, handle in state.stream_log if kind == "copy"}
     assert state.stream_log == [
-        ("wait", decoded_together),
-        ("wait", decoded_later),
+        ("wait", (slot_stream, decoded_together)),
+        ("wait", (slot_stream, decoded_later)),
         ("copy", slot_stream),
         ("copy", slot_stream),
         ("copy", slot_stream),

@@ -236,7 +236,9 @@ def _load_run(
     stages: dict[str, dict[str, float]] = {}
     for key in (
         "decode_ms",
-        "shape_ms",  # the letterbox; on the GPU path also the wait for the decoder's stream
+        # the letterbox; with GPU decode and decode.device_wait host, also the wait for
+        # the decoder's stream
+        "shape_ms",
         "queue_ms",
         "batch_wait_ms",
         "infer_ms",

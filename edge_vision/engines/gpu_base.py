@@ -143,7 +143,7 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
                     stream = torch.cuda.current_stream()
                 else:
                     device = on_device[0].tensor.device
-                    stream = torch.cuda.ExternalStream(slot.stream.handle, device=device)  # type: ignore[no-untyped-call]
+                    stream = torch.cuda.ExternalStream(slot.stream.handle, device=device)  # type: ignore[no-untyped-call, unused-ignore]
                 wait_ready(on_device, stream)
             slot.reading.extend(on_device)
             if into is not None and len(on_device) == len(frames):

@@ -343,13 +343,16 @@ def test_mock_a_device_frame_copied_to_the_host_waits_for_its_decode_first() -> 
 
 
 def test_mock_decoded_images_live_until_the_letterbox_that_reads_them_has_run(
-    pipeline: FramePipeline,
+    pipeline: FramePipeline, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """decode.device_wait stream: the decoder returns before its stream has run, so the
     full-size images its queued letterbox reads (nvImageCodec's memory) must outlive the
-    canvases' callers; they go once the batch's event has completed, not before."""
+    canvases' callers; they go once the batch's event has completed, not before, and no
+    thread waits for the stream."""
     dec = _stand_in(pipeline)
-    assert dec.wait == "stream"
+    dec.wait = "stream"
+    waited: list[Any] = []
+    monkeypatch.setattr(dec, "_wait", waited.append)
     dec._torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_MockEvent))
     stream = _MockStream()
     images = [object(), object()]
@@ -364,14 +367,21 @@ def test_mock_decoded_images_live_until_the_letterbox_that_reads_them_has_run(
     assert len(dec._reading) == 1  # the first batch's images went; the second's stay
     later.done = True
     dec._reap()
-    assert not dec._reading
+    assert not dec._reading and not waited
 
 
-def test_mock_device_wait_host_gives_complete_canvases_and_holds_nothing(
-    pipeline: FramePipeline,
+def test_mock_device_wait_host_waits_for_the_stream_and_holds_nothing(
+    pipeline: FramePipeline, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """decode.device_wait host (the default): the decode thread waits for its stream,
+    the canvases carry no event and the decoder keeps no images."""
     dec = _stand_in(pipeline)
-    dec.wait = "host"
+    assert dec.wait == "host"
+    waited: list[Any] = []
+    monkeypatch.setattr(dec, "_wait", waited.append)
+    stream = _MockStream()
+    assert dec._ready(stream, [object()]) is None
+    assert waited == [stream] and not dec._reading
     (out,) = dec.decode_batch([_request(pipeline, text_scene(320, 180).jpeg())])
     assert isinstance(out, Prepared) and isinstance(out.canvas, DeviceFrame)
     assert out.canvas.ready is None and not dec._reading
