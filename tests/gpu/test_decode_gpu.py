@@ -37,7 +37,7 @@ pytestmark = [
 ]
 
 
-def _config(decode_device: str, **engine: Any) -> Config:
+def _config(decode_device: str, wait: str = "host", **engine: Any) -> Config:
     from ..support.server import make_config
 
     base: dict[str, Any] = {
@@ -50,7 +50,7 @@ def _config(decode_device: str, **engine: Any) -> Config:
         "torch": {"device": "cuda:0", "fp16": True, "cuda_graphs": True},
     }
     base.update(engine)
-    return make_config({"engine": base, "decode": {"device": decode_device}})
+    return make_config({"engine": base, "decode": {"device": decode_device, "device_wait": wait}})
 
 
 def _msg(i: int, data: bytes) -> FrameMessage:
@@ -67,8 +67,8 @@ def _corrupt(data: bytes) -> bytes:
 class _Served:
     """A started torch engine service and its pipeline (decode.device as given)."""
 
-    def __init__(self, spec: ModelSpec, decode_device: str) -> None:
-        self.cfg = _config(decode_device)
+    def __init__(self, spec: ModelSpec, decode_device: str, wait: str = "host") -> None:
+        self.cfg = _config(decode_device, wait)
         self.service = InferenceService(spec, self.cfg)
 
     async def __aenter__(self) -> FramePipeline:
@@ -171,17 +171,20 @@ async def test_detections_with_gpu_decode_equal_the_host_path_and_a_corrupt_jpeg
             assert max(iou(b, g) for g in gpu_boxes) >= 0.9, (b, gpu_boxes)
 
 
+@pytest.mark.parametrize("wait", ["host", "stream"])  # decode.device_wait
 async def test_inputs_queued_on_engine_streams_are_never_overwritten_by_a_decode(
-    spec: ModelSpec,
+    spec: ModelSpec, wait: str
 ) -> None:
     """Under concurrent load, with callers that go away mid-flight (their canvases freed
     while the engine may still have copies of them queued), every row each batch's graph
-    read equals the canvas of the frame that was put there, computed alone beforehand."""
+    read equals the canvas of the frame that was put there, computed alone beforehand;
+    with the decode thread waiting for its stream, and with the engine's stream waiting
+    for each canvas's event instead."""
     jpegs = [
         text_scene(1280, 720, texts=[(f"FRAME {i:03d}", (300, 300))], seed=i).jpeg()
         for i in range(24)
     ]
-    async with _Served(spec, "cuda") as pipeline:
+    async with _Served(spec, "cuda", wait) as pipeline:
         dec = _device(pipeline)
         engine: Any = pipeline.service.engine
         expected = []
