@@ -151,3 +151,28 @@ def test_the_loop_bench_times_the_server_s_cpu_a_message_on_each_loop(tmp_path: 
         assert r["messages"] == 4 * 250
         assert r["server_cpu_us_per_message"] > 0 and r["messages_per_s"] > 0
     assert "µs server CPU a message" in proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_engine_only_waits_for_its_start_time_so_processes_are_timed_together(
+    tmp_path: Path,
+) -> None:
+    """--engine-start-at: several engine-only runs (one a worker process) load and
+    capture on their own, then all start timing at the same wall-clock moment."""
+    import time
+
+    start_at = time.time() + T(12)  # past this machine's model load and warm-up
+    r = bench(
+        tmp_path,
+        "--engine-only",
+        "--batches",
+        "1",
+        "--engine-seconds",
+        "0.3",
+        "--engine-start-at",
+        str(start_at),
+    )
+    eo = r["engine_only"]
+    assert start_at <= eo["timed_from"] < start_at + 2
+    assert eo["timed_until"] > eo["timed_from"]
+    assert eo["rows"][0]["serial"]["frames_per_s"] > 0

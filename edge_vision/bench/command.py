@@ -56,6 +56,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--engine-seconds", type=float, default=3.0, help="time per engine batch size")
     p.add_argument("--batches", help="engine-only batch sizes, e.g. 1,2,4,8 (default 1..max)")
+    p.add_argument(
+        "--engine-start-at",
+        type=float,
+        help="engine-only: start timing at this Unix time, after loading and graph capture, "
+        "so engines in several processes are measured at the same time",
+    )
     p.add_argument("--out", type=Path, help="output folder (default bench-results/<time>)")
     p.add_argument("--no-plots", action="store_true")
     p.set_defaults(func=cmd_bench)
@@ -419,7 +425,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         spec = load_model_spec(config.model)
         sizes = [int(b) for b in args.batches.split(",")] if args.batches else None
         engine_res = asyncio.run(
-            _engine_ceiling(spec, config, width, height, args.engine_seconds, sizes)
+            _engine_ceiling(
+                spec, config, width, height, args.engine_seconds, sizes, args.engine_start_at
+            )
         )
         report["engine_only"] = engine_res
     runs: list[dict[str, Any]] = []
@@ -471,11 +479,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 async def _engine_ceiling(
-    spec: Any, config: Any, width: int, height: int, seconds: float, sizes: list[int] | None
+    spec: Any,
+    config: Any,
+    width: int,
+    height: int,
+    seconds: float,
+    sizes: list[int] | None,
+    start_at: float | None = None,
 ) -> dict[str, Any]:
     from .engine_only import measure_engine
 
-    return await measure_engine(spec, config, width, height, seconds, sizes)
+    return await measure_engine(spec, config, width, height, seconds, sizes, start_at=start_at)
 
 
 def _ratios(runs: list[dict[str, Any]], engine: dict[str, Any] | None) -> dict[str, Any]:

@@ -28,12 +28,22 @@ async def measure_engine(
     seconds: float = 3.0,
     batch_sizes: list[int] | None = None,
     log: Any = print,
+    start_at: float | None = None,
 ) -> dict[str, Any]:
+    """The engine's rows; ``start_at`` (wall-clock epoch seconds): wait after loading and
+    graph capture until then, so that engines in several processes (the workers of a GPU
+    host, with or without MPS) are timed at the same time."""
     engine = create_engine(config.engine.kind, spec, config)
     await engine.start()
     h, w = choose_input_shape(width, height, spec.limits)
     try:
         await engine.prepare([(h, w)])
+        if start_at is not None:
+            wait = start_at - time.time()
+            if wait < 0:
+                log(f"engine-only: ready {-wait:.1f} s after --engine-start-at; timing now")
+            await asyncio.sleep(max(0.0, wait))
+        timed_from = time.time()
         rng = np.random.default_rng(0)
         sizes = batch_sizes or list(range(1, engine.max_batch + 1))
         rows = []
@@ -61,7 +71,13 @@ async def measure_engine(
                 f"{row['pipelined']['frames_per_s']:.1f} frames/s with "
                 f"{row['pipelined']['in_flight']} in flight"
             )
-        return {"engine": engine.describe(), "input": [h, w], "rows": rows}
+        return {
+            "engine": engine.describe(),
+            "input": [h, w],
+            "rows": rows,
+            "timed_from": timed_from,
+            "timed_until": time.time(),
+        }
     finally:
         await engine.close()
 
