@@ -582,7 +582,9 @@ def mock_trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[MockState, types
 @pytest.fixture
 def cpu_torch() -> Any:
     """torch (its CPU build here), imported before the test's event loop runs."""
-    return pytest.importorskip("torch", reason="device frames are torch tensors")
+    return pytest.importorskip(
+        "torch", reason="torch is not installed here (device frames are torch tensors)"
+    )
 
 
 def trt_config(engine_dir: Path, **tensorrt: Any) -> Any:

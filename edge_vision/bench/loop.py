@@ -4,8 +4,8 @@
         [--rounds 3] [--loops asyncio,uvloop] [--json out.json]
 
 A serving worker runs its sockets, callbacks and timers on one interpreter, beside its
-decode, post-processing and tracking (docs/benchmarks.md: on a GPU host the workers are
-bound by that interpreter, not by the GPU). This bench isolates that part: for each loop,
+decode, post-processing and tracking (docs/benchmarks.md: on a GPU host the server's CPU
+a frame is what limits it). This bench isolates that part: for each loop,
 ``edge-vision serve`` starts with its test echo route (``server.test_echo_route``, the
 production WebSocket settings), ``--clients`` connections in one client process each send
 ``--messages`` binary messages of ``--bytes`` (a camera frame's size) and wait for each
@@ -64,8 +64,9 @@ def one_round(loop: str, args: argparse.Namespace, logs: Path) -> dict[str, Any]
     with _Server(argv, port, logs / f"server-{loop}.log") as server:
         assert server.proc is not None
         url = f"ws://127.0.0.1:{port}/test/echo"
-        results: Any = multiprocessing.get_context("spawn").Queue()
-        client = multiprocessing.get_context("spawn").Process(
+        spawn = multiprocessing.get_context("spawn")
+        results: Any = spawn.Queue()
+        client = spawn.Process(
             target=_client, args=(url, args.clients, args.messages, args.bytes, results)
         )
         cpu0, t0 = cpu_seconds(server.proc.pid), time.perf_counter()

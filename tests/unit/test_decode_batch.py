@@ -312,7 +312,9 @@ class _MockStream:
 def test_mock_engine_stream_waits_once_for_each_decode_batch_event_and_never_for_host_frames() -> (
     None
 ):
-    torch = pytest.importorskip("torch", reason="device frames are torch tensors")
+    torch = pytest.importorskip(
+        "torch", reason="torch is not installed here (device frames are torch tensors)"
+    )
     first, second = _MockEvent(True), _MockEvent(True)
     canvas = torch.zeros((2, 2, 3), dtype=torch.uint8)
     frames = [
@@ -328,7 +330,9 @@ def test_mock_engine_stream_waits_once_for_each_decode_batch_event_and_never_for
 
 
 def test_mock_a_device_frame_copied_to_the_host_waits_for_its_decode_first() -> None:
-    torch = pytest.importorskip("torch", reason="device frames are torch tensors")
+    torch = pytest.importorskip(
+        "torch", reason="torch is not installed here (device frames are torch tensors)"
+    )
     ready = _MockEvent(True)
 
     class _Canvas:
