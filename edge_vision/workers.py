@@ -27,6 +27,7 @@ messages from the main process only (``NotifyAccess=main``). The decisions are m
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -329,7 +330,7 @@ def _serve(
     app = create_app(config)
     if workers_warm is not None:
         app[STATE]["workers_warm"] = workers_warm
-    reporter.attach(app, on_warm)
+    reporter.attach(app, functools.partial(_settle_heap, on_warm))
     if on_stop is not None:
 
         async def say_stopping(_app: web.Application) -> None:
@@ -346,6 +347,17 @@ def _serve(
         reuse_port=reuse_port,
         loop=new_event_loop(config.server.event_loop),
     )
+
+
+def _settle_heap(then: Callable[[], object] | None) -> None:
+    """Once this process's engine is warm: freeze the start-up heap (memory.py), so the
+    collector's full passes no longer stall every session of the process; then ``then``."""
+    from .memory import freeze_startup_heap
+
+    frozen, ms = freeze_startup_heap()
+    log.info("%d start-up objects frozen for the collector (its pass took %.0f ms)", frozen, ms)
+    if then is not None:
+        then()
 
 
 def new_event_loop(kind: str) -> asyncio.AbstractEventLoop:

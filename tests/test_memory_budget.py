@@ -5,7 +5,9 @@ memory is read from /proc/<pid>/status."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from edge_vision.bench import soak
 from edge_vision.budget import FrameLedger, MemoryBudget, frame_cost
 from edge_vision.decode import BufferPool, check_decoded_limit, read_image_header
 from edge_vision.errors import ClientError
+from edge_vision.memory import freeze_startup_heap, release_to_system
 
 from .support.clients import connect, frame_binary, recv
 from .support.images import jpeg, text_scene
@@ -45,6 +48,43 @@ def rss_bytes(pid: int, field: str = "VmRSS") -> int:
 
 
 # -- the pure policy -------------------------------------------------------------------
+
+
+class _Node:
+    """An object the cyclic collector tracks, that can sit in a reference cycle."""
+
+    def __init__(self) -> None:
+        self.other: _Node | None = None
+
+
+def test_frozen_start_up_heap_is_not_walked_yet_later_cycles_are_still_collected() -> None:
+    # Start-up's objects (torch's modules, the engine): never walked again by a collection.
+    startup = [_Node() for _ in range(20_000)]
+    garbage = _Node()  # start-up garbage in a cycle: collected before the freeze
+    garbage.other = garbage
+    garbage_ref = weakref.ref(garbage)
+    del garbage
+    try:
+        frozen, _ms = freeze_startup_heap()
+        assert garbage_ref() is None
+        assert frozen >= len(startup)
+        walked = {id(o) for o in gc.get_objects()}
+        assert not any(id(o) in walked for o in startup[::1000])
+        # What serving makes afterwards is collected as before: a closed connection's
+        # reader and buffer sit in a cycle (memory.release_to_system).
+        a, b = _Node(), _Node()
+        a.other, b.other = b, a
+        cycle_ref = weakref.ref(a)
+        del a, b
+        release_to_system(trim_heap=False)
+        assert cycle_ref() is None
+        # A frozen object is still freed when its last reference goes.
+        first_ref = weakref.ref(startup[0])
+        del startup[0]
+        assert first_ref() is None
+    finally:
+        gc.unfreeze()  # this test process is not a server
+
 
 
 def test_budget_refuses_what_does_not_fit_and_keeps_headroom_for_decoding() -> None:
@@ -295,5 +335,9 @@ async def test_64_connections_of_8mib_frames_stay_under_the_budget_and_memory_co
                 assert time.monotonic() < deadline, (after - start) / MiB
                 await asyncio.sleep(0.25)
             print(f"RSS after the burst {(after - start) / MiB:+.0f} MiB")
+            # ... with the start-up heap frozen (memory.freeze_startup_heap) once warm.
+            assert srv.log_path is not None
+            log_text = await asyncio.to_thread(srv.log_path.read_text)
+            assert "start-up objects frozen" in log_text, log_text[-4000:]
     finally:
         await asyncio.to_thread(srv.stop)
