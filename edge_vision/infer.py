@@ -35,6 +35,7 @@ from .metrics import Metrics
 from .models import ModelSpec
 from .post import Head
 from .supervisor import EngineFactory, EngineStatus, EngineSupervisor
+from .threads import name_native
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,9 @@ class InferenceService:
     async def start(self) -> None:
         if self._post is None:
             threads = max(2, self.config.engine.in_flight)
-            self._post = ThreadPoolExecutor(threads, thread_name_prefix="post")
+            self._post = ThreadPoolExecutor(
+                threads, thread_name_prefix="post", initializer=name_native
+            )
         await self.supervisor.start()
 
     async def close(self) -> None:

@@ -69,6 +69,7 @@ import numpy.typing as npt
 from .config import Config
 from .errors import ClientError, EngineError, ModelError
 from .models import rapidocr_model
+from .threads import name_native
 from .track import Tracker, TrackerSettings
 
 log = logging.getLogger(__name__)
@@ -522,7 +523,9 @@ class ReadStage:
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="read")
+            self._executor = ThreadPoolExecutor(
+                1, thread_name_prefix="read", initializer=name_native
+            )
         return self._executor
 
     async def reader(self) -> TextReader:

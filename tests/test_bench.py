@@ -67,6 +67,15 @@ def test_bench_compares_ours_with_the_engine_ceiling_and_the_baseline(tmp_path: 
         assert run["answered"] + run["dropped"] == run["sent"]
         assert run["latency_ms"]["p50"] > 0
     assert ours["server_stages_ms"]["infer_ms"]["p50"] > 0
+    # Where the server's CPU went, by thread role (edge_vision/threads.py): the ONNX
+    # Runtime threads did the inference, the event loop the WebSocket; together the
+    # roles account for the server's CPU.
+    roles = ours["server_cpu_by_thread_s"]
+    assert roles["ort"] > 0 and roles["loop"] > 0, roles
+    assert sum(roles.values()) == pytest.approx(ours["server_cpu_s"], abs=0.3), roles
+    assert max(roles, key=roles.__getitem__) == "ort", roles
+    assert 0 < ours["host_cpu_share"]["busy"] <= 1 and ours["host_cpu_share"]["cores"] >= 1
+    assert "by thread: ort" in r["_stdout"] and "cores busy" in r["_stdout"]
     assert r["engine_only"]["rows"][0]["serial"]["frames_per_s"] > 0
     assert "engine ceiling" in r["_stdout"] and "baseline p99" in r["_stdout"]
     assert {"results.json", "latency_cdf.png", "throughput_p99_vs_cameras.png"} <= set(r["_files"])

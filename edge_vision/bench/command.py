@@ -179,7 +179,16 @@ def _load_run(
 ) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from .load import CameraPlan, children_cpu_seconds, cpu_seconds, run_cameras
+    from .load import (
+        CameraPlan,
+        children_cpu_seconds,
+        cpu_by_role,
+        cpu_seconds,
+        host_cpu_share,
+        host_cpu_ticks,
+        run_cameras,
+        thread_cpu_seconds,
+    )
     from .stats import summary, thirds_p99
 
     start_at = time.time() + 2.0 + 0.05 * cameras
@@ -223,11 +232,16 @@ def _load_run(
                 flush=True,
             )
 
-    server_cpu0 = cpu_seconds(server.proc.pid) if server and server.proc else None
+    server_pid = server.proc.pid if server and server.proc else None
+    server_cpu0 = cpu_seconds(server_pid) if server_pid else None
+    threads0 = thread_cpu_seconds(server_pid) if server_pid else {}
+    host0 = host_cpu_ticks()
     cameras_cpu0 = children_cpu_seconds()
     results = run_cameras(plans, on_tick=tick, cameras_per_process=args.cameras_per_process)
     cameras_cpu = children_cpu_seconds() - cameras_cpu0
-    server_cpu1 = cpu_seconds(server.proc.pid) if server and server.proc else None
+    host_share = host_cpu_share(host0, host_cpu_ticks())
+    by_role = cpu_by_role(threads0, thread_cpu_seconds(server_pid)) if server_pid else {}
+    server_cpu1 = cpu_seconds(server_pid) if server_pid else None
     server_cpu = (
         server_cpu1 - server_cpu0 if server_cpu0 is not None and server_cpu1 is not None else None
     )
@@ -286,6 +300,11 @@ def _load_run(
             1000 * server_cpu / answered if server_cpu is not None and answered else None
         ),
         "cameras_cpu_s": cameras_cpu,
+        # The server's CPU seconds by thread role (edge_vision/threads.py; "loop": each
+        # worker's event loop), and the whole machine's CPU by kind while the cameras ran:
+        # which stage takes the cores, and whether any were left.
+        "server_cpu_by_thread_s": {k: round(v, 2) for k, v in by_role.items()},
+        "host_cpu_share": {k: round(v, 4) for k, v in host_share.items()},
         "cameras_per_process": args.cameras_per_process,
         "rss_mib": {
             "after_5s_min": min(rss_after5, default=float("nan")),
@@ -331,6 +350,20 @@ def _print_table(runs: list[dict[str, Any]], engine: dict[str, Any] | None) -> N
                     f"({per_k:.2f} s per 1,000 answered), cameras CPU {r['cameras_cpu_s']:.1f} s"
                     if per_k is not None
                     else f"{r['name']}: server CPU {r['server_cpu_s']:.1f} s, nothing answered"
+                )
+            roles = r.get("server_cpu_by_thread_s") or {}
+            if roles:
+                print(
+                    "  by thread: "
+                    + ", ".join(f"{k} {v:.1f} s" for k, v in list(roles.items())[:8])
+                )
+            host = r.get("host_cpu_share") or {}
+            if host:
+                print(
+                    f"  machine: {100 * host['busy']:.0f} % of {host['cores']:.0f} cores busy "
+                    f"(user {100 * host.get('user', 0):.0f} %, system "
+                    f"{100 * host.get('system', 0):.0f} %, "
+                    f"softirq {100 * host.get('softirq', 0):.0f} %)"
                 )
         for r in runs:
             for problem in _run_problems(r):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..aio import cancel_and_wait, with_timeout
+from ..threads import role_of
 
 
 @dataclass
@@ -207,6 +208,64 @@ def cpu_seconds(pid: int) -> float | None:
         return total
     except (OSError, IndexError, ValueError):
         return None
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """CPU time (user + system) of every thread of a process and its descendants, by
+    thread id: ``(role, seconds)``. The role is the thread's OS name less its number
+    (edge_vision/threads.py); a process's main thread, its event loop, is ``loop``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            comm, rest = (task / "stat").read_text().rsplit(")", 1)
+            tid = int(task.name)
+            role = "loop" if tid == pid else role_of(comm.split("(", 1)[1])
+            out[tid] = (role, sum(int(v) for v in rest.split()[11:13]) / tick)
+            for child in (task / "children").read_text().split():
+                out.update(thread_cpu_seconds(int(child)))
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return out
+
+
+def cpu_by_role(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds each role used between two :func:`thread_cpu_seconds` readings, most
+    first (threads that ended in between are not counted)."""
+    roles: dict[str, float] = {}
+    for tid, (role, cpu) in after.items():
+        roles[role] = roles.get(role, 0.0) + cpu - before.get(tid, (role, 0.0))[1]
+    return dict(sorted(roles.items(), key=lambda kv: -kv[1]))
+
+
+def host_cpu_ticks() -> dict[str, int]:
+    """The whole machine's CPU time so far, in clock ticks, by kind (``/proc/stat``'s
+    first line: user, nice, system, idle, iowait, irq, softirq, steal); empty off Linux."""
+    kinds = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return {}
+    return {k: int(v) for k, v in zip(kinds, fields, strict=False)}
+
+
+def host_cpu_share(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """The share of the machine's CPU time each kind took between two
+    :func:`host_cpu_ticks` readings (``busy``: all but idle and iowait), and its cores."""
+    spent = {k: after[k] - before.get(k, 0) for k in after}
+    total = sum(spent.values())
+    if total <= 0:
+        return {}
+    share = {k: v / total for k, v in spent.items()}
+    share["busy"] = 1.0 - share.get("idle", 0.0) - share.get("iowait", 0.0)
+    share["cores"] = float(os.cpu_count() or 0)
+    return share
 
 
 def children_cpu_seconds() -> float:

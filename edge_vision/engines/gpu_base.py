@@ -42,6 +42,7 @@ from ..decode import Allocator
 from ..decode_batch import DeviceFrame, wait_ready
 from ..errors import EngineError
 from ..models import ModelSpec
+from ..threads import name_native
 from .base import Engine, SlotPool, U8Array
 
 
@@ -91,11 +92,15 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
     # -- start ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._launcher = ThreadPoolExecutor(1, thread_name_prefix=f"{self.thread_prefix}-launch")
+        self._launcher = ThreadPoolExecutor(
+            1, thread_name_prefix=f"{self.thread_prefix}-launch", initializer=name_native
+        )
         # Importing torch or TensorRT reads hundreds of files: never on the event loop.
         await asyncio.get_running_loop().run_in_executor(self._launcher, self._start_sync)
         self._runner = ThreadPoolExecutor(
-            max(1, len(self._all_slots)), thread_name_prefix=f"{self.thread_prefix}-run"
+            max(1, len(self._all_slots)),
+            thread_name_prefix=f"{self.thread_prefix}-run",
+            initializer=name_native,
         )
 
     @abstractmethod

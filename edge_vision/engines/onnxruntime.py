@@ -16,6 +16,7 @@ from ..config import Config
 from ..errors import EngineError
 from ..models import ModelSpec
 from ..shape import normalise_into
+from ..threads import name_native
 from .base import Engine, U8Array
 
 F32Array = npt.NDArray[np.float32]
@@ -47,7 +48,9 @@ class OnnxRuntimeEngine(Engine):
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._executor = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="ort")
+        self._executor = ThreadPoolExecutor(
+            self.max_in_flight, thread_name_prefix="ort", initializer=name_native
+        )
         loop = asyncio.get_running_loop()
         try:
             self._session = await loop.run_in_executor(
