@@ -86,7 +86,6 @@ def test_frozen_start_up_heap_is_not_walked_yet_later_cycles_are_still_collected
         gc.unfreeze()  # this test process is not a server
 
 
-
 def test_budget_refuses_what_does_not_fit_and_keeps_headroom_for_decoding() -> None:
     b = MemoryBudget(100, headroom=20)
     assert b.try_acquire(50, "frames") and b.try_acquire(30, "frames")
