@@ -465,15 +465,6 @@ class DecodeConfig(_Section):
         "nvidia-nvimgcodec-tegra-cu12 on a Jetson), torchvision (nvJPEG's batched decode, "
         "whose Huffman stage runs on the host CPU), or auto (nvimgcodec when installed).",
     )
-    device_hw_share: float = Field(
-        1.0,
-        ge=0.0,
-        le=1.0,
-        description="With nvimgcodec: the share of each device decode call's frames given to "
-        "the GPU's hardware JPEG engine; the rest go to nvImageCodec's CUDA decoder on the "
-        "GPU's cores (nvImageCodec's load hint). Lower it when the engine is the busy part "
-        "(nvidia-smi dmon's jpg column near 100 %).",
-    )
     device_batch: int = Field(
         64, ge=1, le=256, description="Most frames in one device decode call (decode.device)."
     )

@@ -277,7 +277,7 @@ class NvImgCodecJpeg:
     run at once from different worker threads.
     """
 
-    def __init__(self, torch: Any, device: Any, cpu_threads: int, hw_share: float = 1.0) -> None:
+    def __init__(self, torch: Any, device: Any, cpu_threads: int) -> None:
         try:
             self._nv = importlib.import_module("nvidia.nvimgcodec")
         except ImportError as e:
@@ -288,7 +288,6 @@ class NvImgCodecJpeg:
         self._torch = torch
         self.device = device
         self._cpu_threads = cpu_threads
-        self.hw_share = hw_share  # decode.device_hw_share
         nv = self._nv
         self._params = nv.DecodeParams(
             apply_exif_orientation=False,  # as the host decoders and torchvision: raw pixels
@@ -302,12 +301,8 @@ class NvImgCodecJpeg:
             dec = self._decoders.get(stream_id)
             if dec is None:
                 nv = self._nv
-                # The hardware engine takes hw_share of a call's frames (its load hint),
-                # the CUDA decoder the rest and whatever the engine refuses.
-                backends = [nv.Backend(nv.BackendKind.GPU_ONLY)]
-                if self.hw_share > 0:
-                    hw = nv.Backend(nv.BackendKind.HW_GPU_ONLY, load_hint=self.hw_share)
-                    backends.insert(0, hw)
+                kinds = (nv.BackendKind.HW_GPU_ONLY, nv.BackendKind.GPU_ONLY)
+                backends = [nv.Backend(kind) for kind in kinds]
                 dec = nv.Decoder(
                     device_id=self.device.index or 0,
                     max_num_cpu_threads=self._cpu_threads,
@@ -383,7 +378,6 @@ class CudaBatchDecoder:
         library: str = "torchvision",
         cpu_threads: int = 2,
         wait: str = "host",
-        hw_share: float = 1.0,
     ) -> None:
         cuda = device.startswith("cuda")
         self.wait = wait  # decode.device_wait: who waits for the decoder's stream
@@ -397,7 +391,7 @@ class CudaBatchDecoder:
         self.nvimgcodec: NvImgCodecJpeg | None = None
         if library != "torchvision":
             try:
-                self.nvimgcodec = NvImgCodecJpeg(torch, self.device, cpu_threads, hw_share)
+                self.nvimgcodec = NvImgCodecJpeg(torch, self.device, cpu_threads)
             except ConfigError as e:
                 if library == "nvimgcodec":
                     raise
@@ -671,7 +665,6 @@ def make_device_decoder(
     library: str = "auto",
     cpu_threads: int = 2,
     wait: str = "host",
-    hw_share: float = 1.0,
 ) -> CudaBatchDecoder | None:
     """``decode.device``: ``host`` (None), ``cuda`` or ``auto`` (a decoder when torch sees a
     GPU and nvImageCodec or torchvision is there); ``library``: ``decode.device_library``.
@@ -689,7 +682,6 @@ def make_device_decoder(
             library=library,
             cpu_threads=cpu_threads,
             wait=wait,
-            hw_share=hw_share,
         )
     except Exception as e:  # noqa: BLE001 - degrade to host decode, said in the log
         if device == "cuda":

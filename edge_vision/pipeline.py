@@ -134,7 +134,6 @@ class FramePipeline:
                 streams=d.device_streams,
                 staging=allocator,
                 library=d.device_library,
-                hw_share=d.device_hw_share,
                 cpu_threads=threads,
                 wait=d.device_wait,
             )

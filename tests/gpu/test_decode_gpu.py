@@ -37,7 +37,7 @@ pytestmark = [
 ]
 
 
-def _config(decode_device: str, wait: str = "host", hw_share: float = 1.0, **engine: Any) -> Config:
+def _config(decode_device: str, wait: str = "host", **engine: Any) -> Config:
     from ..support.server import make_config
 
     base: dict[str, Any] = {
@@ -50,8 +50,7 @@ def _config(decode_device: str, wait: str = "host", hw_share: float = 1.0, **eng
         "torch": {"device": "cuda:0", "fp16": True, "cuda_graphs": True},
     }
     base.update(engine)
-    decode = {"device": decode_device, "device_wait": wait, "device_hw_share": hw_share}
-    return make_config({"engine": base, "decode": decode})
+    return make_config({"engine": base, "decode": {"device": decode_device, "device_wait": wait}})
 
 
 def _msg(i: int, data: bytes) -> FrameMessage:
@@ -68,10 +67,8 @@ def _corrupt(data: bytes) -> bytes:
 class _Served:
     """A started torch engine service and its pipeline (decode.device as given)."""
 
-    def __init__(
-        self, spec: ModelSpec, decode_device: str, wait: str = "host", hw_share: float = 1.0
-    ) -> None:
-        self.cfg = _config(decode_device, wait, hw_share)
+    def __init__(self, spec: ModelSpec, decode_device: str, wait: str = "host") -> None:
+        self.cfg = _config(decode_device, wait)
         self.service = InferenceService(spec, self.cfg)
 
     async def __aenter__(self) -> FramePipeline:
@@ -94,16 +91,13 @@ def _req(pipeline: FramePipeline, data: bytes) -> DecodeRequest:
     return pipeline.request_for(_msg(0, data))
 
 
-# decode.device_hw_share: everything on the hardware JPEG engine, or half of each call on
-# nvImageCodec's CUDA decoder (the same pixels either way).
-@pytest.mark.parametrize("hw_share", [1.0, 0.5])
 async def test_nvjpeg_pixels_and_device_letterbox_match_libjpeg_turbo_and_the_host(
-    spec: ModelSpec, hw_share: float
+    spec: ModelSpec,
 ) -> None:
     sizes = [(1280, 720), (1920, 1080), (640, 480), (320, 240), (720, 1280)]
     scenes = [text_scene(w, h, seed=i) for i, (w, h) in enumerate(sizes)]
     jpegs = [s.jpeg() for s in scenes]
-    async with _Served(spec, "cuda", hw_share=hw_share) as pipeline:
+    async with _Served(spec, "cuda") as pipeline:
         dec = _device(pipeline)
         stream = torch.cuda.Stream()
         pixels = await asyncio.to_thread(

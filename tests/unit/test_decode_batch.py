@@ -27,13 +27,12 @@ from edge_vision.decode_batch import (
     DecodeBatcher,
     DecodeRequest,
     DeviceFrame,
-    NvImgCodecJpeg,
     Prepared,
     device_decodable,
     jpeg_kind,
     wait_ready,
 )
-from edge_vision.errors import ClientError, ConfigError
+from edge_vision.errors import ClientError
 from edge_vision.infer import InferenceService
 from edge_vision.models import ModelSpec
 from edge_vision.pipeline import FramePipeline
@@ -390,51 +389,3 @@ def test_mock_device_wait_host_waits_for_the_stream_and_holds_nothing(
     (out,) = dec.decode_batch([_request(pipeline, text_scene(320, 180).jpeg())])
     assert isinstance(out, Prepared) and isinstance(out.canvas, DeviceFrame)
     assert out.canvas.ready is None and not dec._reading
-
-
-class _FakeNvImgCodec:
-    """A stand-in for ``nvidia.nvimgcodec`` (it needs a GPU): records the decoder's backends."""
-
-    class BackendKind:
-        HW_GPU_ONLY = "hw"
-        GPU_ONLY = "cuda"
-
-    class SampleFormat:
-        P_RGB = "rgb"
-
-    class Backend:
-        def __init__(self, kind: str, load_hint: float = 1.0) -> None:
-            self.kind, self.load_hint = kind, load_hint
-
-    decoders: ClassVar[list[Any]] = []
-
-    class Decoder:
-        def __init__(self, **kw: Any) -> None:
-            _FakeNvImgCodec.decoders.append(kw)
-
-    @staticmethod
-    def DecodeParams(**kw: Any) -> dict[str, Any]:
-        return kw
-
-
-@pytest.mark.parametrize("share", [1.0, 0.65, 0.0])
-def test_mock_nvimgcodec_gives_the_hardware_engine_its_share_and_the_cuda_decoder_the_rest(
-    monkeypatch: pytest.MonkeyPatch, share: float
-) -> None:
-    """decode.device_hw_share: the hardware JPEG engine's load hint in nvImageCodec's
-    decoder; the CUDA decoder comes after it for the rest (and for what the engine
-    refuses); at 0 the engine is not asked at all. A mock nvImageCodec: it needs a GPU."""
-    torch = pytest.importorskip("torch", reason="torch is not installed here")
-    monkeypatch.setattr(
-        "edge_vision.decode_batch.importlib.import_module", lambda name: _FakeNvImgCodec
-    )
-    _FakeNvImgCodec.decoders.clear()
-    codec = NvImgCodecJpeg(torch, torch.device("cpu"), cpu_threads=2, hw_share=share)
-    codec._decoder(7)
-    codec._decoder(7)  # one decoder a stream, made once
-    (made,) = _FakeNvImgCodec.decoders
-    got = [(b.kind, b.load_hint) for b in made["backends"]]
-    assert got == ([("hw", share)] if share > 0 else []) + [("cuda", 1.0)]
-    assert make_config({"decode": {"device_hw_share": share}}).decode.device_hw_share == share
-    with pytest.raises(ConfigError, match="device_hw_share"):
-        make_config({"decode": {"device_hw_share": 1.5}})
