@@ -285,6 +285,20 @@ class TorchConfig(EngineSection):
         "same detections while no more anchors than that reach the confidence threshold. "
         "false: the model's outputs come back whole.",
     )
+    compile: Literal["off", "default", "max-autotune"] = Field(
+        "off",
+        description="Compile the engine's forward with torch.compile (inductor), once per "
+        "(batch, shape): the ONNX graph traced into one flat graph of torch operators, "
+        "compiled whole so elementwise kernels fuse, then captured in the CUDA graphs "
+        "(engines/torch_compile.py). Tens of seconds a shape at warm-up, cached on disk in "
+        "compile_cache; max-autotune tries more kernels and takes longer. Off by default: "
+        "not yet measured on a GPU; on the 2-core CPU machine it ran the default detector "
+        "2.1x faster than the interpreter (docs/benchmarks.md).",
+    )
+    compile_cache: Path = Field(
+        Path("engines/torch-compile"),
+        description="Where inductor keeps compiled graphs across restarts (engine.torch.compile).",
+    )
     yolo_candidates: int = Field(
         1024,
         ge=1,

@@ -6,6 +6,10 @@ machine; this checks the converter and the engine contract everywhere torch is i
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -25,6 +29,10 @@ torch = pytest.importorskip(
     reason="torch is not installed here (scripts/test installs a CPU build of torch only "
     "where one lies in /opt/wheels)",
 )
+
+
+#: Inductor compiles the engine's forward to C++ on the CPU (engine.torch.compile).
+_CXX = shutil.which("g++") or shutil.which("c++")
 
 
 def _cpu_config() -> Config:
@@ -77,3 +85,55 @@ async def test_torch_engine_finds_the_same_text_as_onnx_runtime(spec: ModelSpec)
         boxes[kind] = [d[:4].tolist() for d in res.detections]
     assert len(boxes["torch"]) == 2
     assert_same_boxes(boxes["torch"], boxes["onnxruntime"], tol=1.0)
+
+
+def test_the_flat_graph_runs_the_same_operators_as_the_interpreter(spec: ModelSpec) -> None:
+    """engine.torch.compile's first step (engines/torch_compile.py): the interpreter traced
+    once into a flat graph of torch operators, its host shape arithmetic folded away, gives
+    exactly the interpreter's outputs."""
+    from edge_vision.engines.onnx_torch import OnnxGraphModule
+    from edge_vision.engines.torch_compile import flat_graph
+
+    module = OnnxGraphModule(spec.path).eval()
+    x = torch.rand(2, 3, 96, 160, generator=torch.Generator().manual_seed(1))
+    graph = flat_graph(torch, module, x)
+    ops = [n for n in graph.graph.nodes if n.op == "call_function"]
+    assert len(ops) > 100  # the whole network, not a call back into the interpreter
+    with torch.no_grad():
+        for got, ref in zip(graph(x), module(x), strict=True):
+            assert torch.equal(got, ref)
+
+
+@pytest.mark.timeout(600)
+# torch's inductor imports its own deprecated torch.jit.script_method (torch 2.13)
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+async def test_compiled_torch_engine_gives_the_interpreter_s_outputs(
+    spec: ModelSpec, tmp_path: Path
+) -> None:
+    """engine.torch.compile default on torch's CPU build: inductor compiles the engine's
+    forward once for the batch's shape (about a minute on the 2-core machine; C++ code on
+    the CPU, Triton kernels on a GPU), and the outputs equal the interpreter's within
+    float rounding; a second batch of the same shape runs what was compiled."""
+    if _CXX is None:
+        pytest.skip("no C++ compiler here: inductor compiles to C++ on the CPU")
+    rng = np.random.default_rng(5)
+    frames = [rng.integers(0, 255, (96, 160, 3), dtype=np.uint8) for _ in range(2)]
+    outputs = {}
+    for mode in ("off", "default"):
+        cfg = _cpu_config()
+        cfg.engine.torch.compile = mode  # type: ignore[assignment]
+        cfg.engine.torch.compile_cache = tmp_path / "cache"
+        engine = create_engine("torch", spec, cfg)
+        await engine.start()
+        try:
+            outputs[mode] = (await engine.infer(frames))[0]
+            if mode == "default":
+                again = (await engine.infer(frames[::-1]))[0]
+                assert engine.describe()["compiled_shapes"] == 1
+                np.testing.assert_allclose(again[::-1], outputs[mode], atol=1e-5)
+        finally:
+            await engine.close()
+    assert outputs["default"].shape == outputs["off"].shape == (2, 1, 96, 160)
+    np.testing.assert_allclose(outputs["default"], outputs["off"], atol=1e-4)
+    kept = await asyncio.to_thread(lambda: any((tmp_path / "cache").rglob("*")))
+    assert kept, "inductor kept nothing on disk"

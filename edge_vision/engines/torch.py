@@ -40,6 +40,7 @@ from ..models import ModelSpec
 from ..post import db_map_bytes, is_db_map, is_yolo_v8_raw, yolo_v8_top_anchors
 from .base import U8Array
 from .gpu_base import GpuEngine, GpuSlot
+from .torch_compile import compile_forward, use_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,9 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         self._shift: Any = None
         self.graph_captures = 0
         self._capturing = threading.Lock()
+        # engine.torch.compile: the compiled forward of each input shape, shared by the slots
+        self._compiled: dict[tuple[int, ...], Any] = {}
+        self._compiling = threading.Lock()
         # On the device (engine.torch.device_post): a DBNet map is made a byte map, a
         # YOLO v8/v11 output is cut to its best anchors.
         self._db_threshold: float | None = None
@@ -138,6 +142,8 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         self._scale = scale.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._shift = shift.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._dtype = dtype
+        if self.tcfg.compile != "off":
+            use_cache_dir(self.tcfg.compile_cache)
         if self.cuda and self.tcfg.device_post:
             head = self.config.model.head
             if head in ("auto", "dbnet"):
@@ -199,6 +205,22 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
             return [yolo_v8_top_anchors(self._torch, outputs[0], k)]
         return outputs
 
+    def _run_forward(self, x: Any) -> list[Any]:
+        """:meth:`_forward`, through its compiled graph for ``x``'s shape when
+        ``engine.torch.compile`` is on (compiled on the first input of each shape)."""
+        if self.tcfg.compile == "off":
+            return self._forward(x)
+        key = tuple(x.shape)
+        fn = self._compiled.get(key)
+        if fn is None:
+            with self._compiling:  # one trace at a time; the slots share each shape's
+                fn = self._compiled.get(key)
+                if fn is None:
+                    fn = compile_forward(self._torch, self._forward, x, self.tcfg.compile)
+                    self._compiled[key] = fn
+        out: list[Any] = fn(x)
+        return out
+
     def _graph_for(self, slot: _Slot, b: int, h: int, w: int) -> _Graph:
         key = (b, h, w)
         found = slot.graphs.get(key)
@@ -211,8 +233,8 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         torch = self._torch
         with torch.no_grad(), torch.cuda.stream(slot.torch_stream):
             static_in = torch.zeros((b, h, w, 3), dtype=torch.uint8, device=self._device)
-            for _ in range(2):  # warm-up on the side stream before capture (cuDNN autotune)
-                outputs = self._forward(static_in)
+            for _ in range(2):  # warm-up on the side stream before capture (cuDNN autotune,
+                outputs = self._run_forward(static_in)  # and engine.torch.compile's compile)
             graph = None
             if self.tcfg.cuda_graphs:
                 try:
@@ -225,7 +247,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
                         stream=slot.torch_stream,
                         capture_error_mode="thread_local",
                     ):
-                        outputs = self._forward(static_in)
+                        outputs = self._run_forward(static_in)
                     self.graph_captures += 1
                 except RuntimeError as e:  # capture refused: run this bucket eagerly
                     log.warning(
@@ -236,7 +258,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
                         e,
                     )
                     graph = None
-                    outputs = self._forward(static_in)
+                    outputs = self._run_forward(static_in)
         slot.torch_stream.synchronize()
         g = _Graph(static_in, outputs, graph)
         slot.graphs[(b, h, w)] = g
@@ -267,7 +289,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
                 g.graph.replay()
             else:
                 with torch.no_grad():
-                    for dst, src in zip(g.outputs, self._forward(g.static_in), strict=True):
+                    for dst, src in zip(g.outputs, self._run_forward(g.static_in), strict=True):
                         dst.copy_(src)
         offset = 0
         for (nbytes, shape, dtype), out in zip(out_layout, g.outputs, strict=True):
@@ -282,7 +304,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         torch = self._torch
         with torch.no_grad():
             x = torch.from_numpy(np.stack(frames))
-            return [o.numpy() for o in self._forward(x)]
+            return [o.numpy() for o in self._run_forward(x)]
 
     async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
         if self._launcher is not None and not self.cuda:
@@ -313,6 +335,8 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
             "graphs_captured": self.graph_captures,
             "device_post": self._db_threshold is not None or self._yolo_candidates is not None,
             "channels_last": self.cuda and self.tcfg.channels_last,
+            "compile": self.tcfg.compile,
+            "compiled_shapes": len(self._compiled),
         }
         if self.runtime is not None:
             d["gpu"] = self.runtime.device_name()

@@ -1,0 +1,81 @@
+"""``engine.torch.compile``: the converted ONNX graph built once as one flat graph per input
+shape, then compiled whole, so its elementwise kernels fuse.
+
+The torch engine's converter (onnx_torch.py) is an interpreter: ``forward`` walks the ONNX
+nodes in Python, computing shape arithmetic on the host as it goes. A CUDA graph removes
+its Python cost from each batch, but every node stays a kernel of its own, and unfused
+elementwise kernels (activations, adds, multiplies) took the largest share of the GPU's
+time on the H200 (issue 11, 2026-12-01). ``torch.compile`` around the interpreter had to
+trace that loop itself and hit dynamo's recompile limit.
+
+Here the engine's whole forward for one ``(batch, height, width)`` (the uint8 NHWC input's
+layout and normalisation, the network, the device post-processing) is traced once with
+real tensors into an FX graph of aten operators (``make_fx``): the interpreter and its host
+shape arithmetic are gone, folded into constants, so the graph is the same operators the
+interpreter runs (exactly the same outputs: tests/test_torch_engine.py). Inductor then
+compiles that graph whole (``fullgraph``, static shapes). The compiled code is what the
+engine captures in its CUDA graphs, so each batch is still one replay.
+
+Compiling takes tens of seconds a shape (about 60 s on the 2-core machine for the default
+detector; max-autotune longer): it happens in the engine's warm-up, one shape at a time, in
+the log. Inductor keeps what it compiled on disk (``engine.torch.compile_cache``, its FX
+graph cache), so a restart with the same model, shapes and torch reuses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: ``engine.torch.compile`` -> torch.compile's mode. The engine captures its own CUDA
+#: graphs, so inductor's are off.
+MODES: dict[str, str | None] = {"default": None, "max-autotune": "max-autotune-no-cudagraphs"}
+
+
+def use_cache_dir(path: Path) -> None:
+    """Where inductor keeps what it compiled (its FX graph cache), made if missing: read
+    by torch when it first compiles, so set before that. An operator's own
+    ``TORCHINDUCTOR_CACHE_DIR`` wins."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path.resolve()))
+
+
+def flat_graph(torch: Any, forward: Callable[[Any], Any], example: Any) -> Any:
+    """``forward`` traced once with the real ``example`` input into a flat FX graph of aten
+    operators (``torch.fx.GraphModule``), valid for inputs of the example's shape, dtype
+    and device."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def traced(x: Any) -> Any:  # a plain function: make_fx counts a bound method's self
+        return forward(x)
+
+    with torch.no_grad():
+        return make_fx(traced, tracing_mode="real")(example)
+
+
+def compile_forward(
+    torch: Any, forward: Callable[[Any], Any], example: Any, mode: str
+) -> Callable[[Any], Any]:
+    """``forward`` for inputs shaped as ``example``, as one inductor-compiled graph
+    (``mode``: a key of :data:`MODES`). The compile itself happens on the first call."""
+    t0 = time.perf_counter()
+    graph = flat_graph(torch, forward, example)
+    nodes = sum(1 for n in graph.graph.nodes if n.op == "call_function")
+    compiled = torch.compile(
+        graph, backend="inductor", mode=MODES[mode], fullgraph=True, dynamic=False
+    )
+    log.info(
+        "torch compile: input %s traced to %d operators in %.1f s; inductor (%s) compiles "
+        "it on its first run",
+        tuple(example.shape),
+        nodes,
+        time.perf_counter() - t0,
+        mode,
+    )
+    return compiled  # type: ignore[no-any-return]
