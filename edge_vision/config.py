@@ -139,11 +139,12 @@ class ServerConfig(_Section):
         ge=1,
         le=256,
         description="Threads OpenCV may use inside one call (cv2.setNumThreads), in each "
-        "worker process; none keeps OpenCV's one per core. The service already runs "
-        "frames in parallel on decode.workers threads, beside which OpenCV's own pool "
-        "wakes threads for images this small. For tuning: on the 2-core CPU path, 1 "
-        "answered 15-28 % fewer frames than the default (docs/benchmarks.md); on a GPU "
-        "host it has not been measured.",
+        "worker process. None: 1 with decode.device cuda, else OpenCV's one per core. With "
+        "frames letterboxed on the GPU, OpenCV only post-processes small maps, where its "
+        "pool took 6x the CPU of one thread for the same time (a DB byte map: 4.6 against "
+        "0.7 ms of CPU, 16 threads against 1; on the H200 the post threads were the "
+        "server's largest CPU user, docs/benchmarks.md). On the 2-core CPU path, where "
+        "OpenCV also letterboxes, 1 answered 15-28 % fewer frames than the default.",
     )
     gil_switch_ms: float | None = Field(
         None,

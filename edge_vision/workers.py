@@ -43,7 +43,7 @@ from aiohttp import web
 
 from . import systemd
 from .aio import cancel_and_wait, with_timeout
-from .config import Config, ServerConfig
+from .config import Config
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -326,7 +326,7 @@ def _serve(
 ) -> None:
     from .server import STATE, create_app
 
-    _tune_process(config.server)
+    _tune_process(config)
     app = create_app(config)
     if workers_warm is not None:
         app[STATE]["workers_warm"] = workers_warm
@@ -374,9 +374,10 @@ def new_event_loop(kind: str) -> asyncio.AbstractEventLoop:
     return loop
 
 
-def _tune_process(server: ServerConfig) -> None:
+def _tune_process(config: Config) -> None:
     """The settings that hold for a whole serving process: glibc's mmap threshold, the
     GIL's switch interval, OpenCV's own threads."""
+    server = config.server
     if server.mmap_threshold_bytes is not None:
         from .memory import fix_mmap_threshold
 
@@ -384,10 +385,20 @@ def _tune_process(server: ServerConfig) -> None:
             log.info("server.mmap_threshold_bytes: mallopt is not available here")
     if server.gil_switch_ms is not None:
         sys.setswitchinterval(server.gil_switch_ms / 1000.0)
-    if server.opencv_threads is not None:
+    threads = opencv_threads(config)
+    if threads is not None:
         import cv2
 
-        cv2.setNumThreads(server.opencv_threads)
+        cv2.setNumThreads(threads)
+        log.info("OpenCV threads a call: %d", threads)
+
+
+def opencv_threads(config: Config) -> int | None:
+    """``server.opencv_threads``, or when unset, 1 where frames are letterboxed on the GPU
+    (``decode.device`` cuda) and None (OpenCV's default) elsewhere."""
+    if config.server.opencv_threads is not None:
+        return config.server.opencv_threads
+    return 1 if config.decode.device == "cuda" else None
 
 
 def _worker_main(

@@ -25,6 +25,7 @@ from edge_vision import errors
 from edge_vision.client import EdgeVisionClient, FrameError, Result
 from edge_vision.models import ModelSpec
 from edge_vision.server import SERVICE, STARTUP, create_app
+from edge_vision.workers import opencv_threads
 
 from .support.assertions import assert_box_overlaps
 from .support.clients import camera_client
@@ -243,10 +244,10 @@ async def test_a_real_server_process_warming_up_then_killed(tmp_path: Path) -> N
         await asyncio.to_thread(node.stop)
 
 
-async def test_a_real_server_process_on_uvloop_serves_frames(tmp_path: Path) -> None:
-    """server.event_loop uvloop: `edge-vision serve` runs its loop on libuv and serves as
-    on asyncio's (python -m edge_vision.bench.loop measures the difference)."""
-    node = ServerProcess(*LIGHT_NODE, "server.event_loop=uvloop", log_path=tmp_path / "node.log")
+async def _one_frame_from_a_node(tmp_path: Path, *settings: str) -> str:
+    """Start `edge-vision serve` with ``settings``, have it find the light scene's text
+    once, stop it; its log."""
+    node = ServerProcess(*LIGHT_NODE, *settings, log_path=tmp_path / "node.log")
     await asyncio.to_thread(node.start)
     try:
         await node.wait_ready()
@@ -258,7 +259,28 @@ async def test_a_real_server_process_on_uvloop_serves_frames(tmp_path: Path) -> 
             await client.close()
     finally:
         await asyncio.to_thread(node.stop)
-    assert "event loop: uvloop" in await asyncio.to_thread(node.log)
+    return await asyncio.to_thread(node.log)
+
+
+async def test_a_real_server_process_on_uvloop_serves_frames(tmp_path: Path) -> None:
+    """server.event_loop uvloop: `edge-vision serve` runs its loop on libuv and serves as
+    on asyncio's (python -m edge_vision.bench.loop measures the difference)."""
+    assert "event loop: uvloop" in await _one_frame_from_a_node(
+        tmp_path, "server.event_loop=uvloop"
+    )
+
+
+async def test_a_node_letterboxing_on_the_gpu_keeps_opencv_to_one_thread(tmp_path: Path) -> None:
+    """decode.device cuda: OpenCV then only post-processes small maps, where its pool of
+    one thread a core cost 6x the CPU for the same time (server.opencv_threads unset ->
+    1). This machine has no GPU, so frames go the host way and are still served; without
+    decode.device cuda OpenCV keeps its default."""
+    assert "OpenCV threads a call: 1" in await _one_frame_from_a_node(
+        tmp_path, "decode.device=cuda"
+    )
+    assert opencv_threads(make_config({})) is None
+    explicit = make_config({"decode": {"device": "cuda"}, "server": {"opencv_threads": 4}})
+    assert opencv_threads(explicit) == 4
 
 
 # -- close reasons from a real server ----------------------------------------------------

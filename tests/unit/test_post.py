@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
@@ -186,9 +187,14 @@ def test_the_post_bench_decodes_float_and_byte_maps_as_a_git_revision_does(
 
     out = tmp_path / "post.json"
     args = ["--boxes", "2", "30", "--maps", "3", "--rounds", "1", "--baseline", "HEAD"]
-    assert main([*args, "--json", str(out)]) == 0
+    threads = cv2.getNumThreads()
+    try:
+        assert main([*args, "--opencv-threads", "1", "--gap-ms", "1", "--json", str(out)]) == 0
+    finally:
+        cv2.setNumThreads(threads)
     got = json.loads(out.read_text())
     assert got["versions"] == ["current", "HEAD"]
+    assert got["opencv_threads"] == 1 and got["gap_ms"] == 1
     for key in ("float-2", "float-30", "bytes-2", "bytes-30"):
         row = got["maps"][key]
         assert row["same_detections"] is True
