@@ -137,3 +137,23 @@ async def test_compiled_torch_engine_gives_the_interpreter_s_outputs(
     np.testing.assert_allclose(outputs["default"], outputs["off"], atol=1e-4)
     kept = await asyncio.to_thread(lambda: any((tmp_path / "cache").rglob("*")))
     assert kept, "inductor kept nothing on disk"
+
+
+def test_a_shape_that_cannot_be_compiled_runs_uncompiled_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """engine.torch.compile is a speed-up: a forward the tracer cannot follow (here it
+    reads the input's raw storage) runs as it is for that shape, with a warning, not an
+    error."""
+    from edge_vision.engines.torch_compile import CompiledForward
+
+    def forward(x: torch.Tensor) -> list[torch.Tensor]:
+        raw = torch.frombuffer(bytearray(x.untyped_storage()), dtype=torch.float32)
+        return [raw.reshape(x.shape) * 2]
+
+    x = torch.ones(2, 3)
+    with caplog.at_level("WARNING"):
+        fn = CompiledForward(torch, forward, x, "default")
+        out = fn(x)
+    assert torch.equal(out[0], x * 2) and not fn.compiled
+    assert "runs uncompiled" in caplog.text

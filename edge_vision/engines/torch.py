@@ -40,7 +40,7 @@ from ..models import ModelSpec
 from ..post import db_map_bytes, is_db_map, is_yolo_v8_raw, yolo_v8_top_anchors
 from .base import U8Array
 from .gpu_base import GpuEngine, GpuSlot
-from .torch_compile import compile_forward, use_cache_dir
+from .torch_compile import CompiledForward, use_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
             with self._compiling:  # one trace at a time; the slots share each shape's
                 fn = self._compiled.get(key)
                 if fn is None:
-                    fn = compile_forward(self._torch, self._forward, x, self.tcfg.compile)
+                    fn = CompiledForward(self._torch, self._forward, x, self.tcfg.compile)
                     self._compiled[key] = fn
         out: list[Any] = fn(x)
         return out
@@ -336,7 +336,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
             "device_post": self._db_threshold is not None or self._yolo_candidates is not None,
             "channels_last": self.cuda and self.tcfg.channels_last,
             "compile": self.tcfg.compile,
-            "compiled_shapes": len(self._compiled),
+            "compiled_shapes": sum(1 for f in self._compiled.values() if f.compiled),
         }
         if self.runtime is not None:
             d["gpu"] = self.runtime.device_name()

@@ -24,12 +24,15 @@ graph cache), so a restart with the same model, shapes and torch reuses it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from .. import systemd
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +42,12 @@ MODES: dict[str, str | None] = {"default": None, "max-autotune": "max-autotune-n
 
 
 def use_cache_dir(path: Path) -> None:
-    """Where inductor keeps what it compiled (its FX graph cache), made if missing: read
-    by torch when it first compiles, so set before that. An operator's own
-    ``TORCHINDUCTOR_CACHE_DIR`` wins."""
+    """Where inductor keeps what it compiled (its FX graph cache), made if missing. Torch
+    reads ``TORCHINDUCTOR_CACHE_DIR`` each time it looks, and sets it to its own default
+    (under /tmp, which systemd's PrivateTmp empties at each start) the first time it finds
+    it unset, so this sets it outright."""
     path.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path.resolve()))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path.resolve())
 
 
 def flat_graph(torch: Any, forward: Callable[[Any], Any], example: Any) -> Any:
@@ -59,23 +63,63 @@ def flat_graph(torch: Any, forward: Callable[[Any], Any], example: Any) -> Any:
         return make_fx(traced, tracing_mode="real")(example)
 
 
-def compile_forward(
-    torch: Any, forward: Callable[[Any], Any], example: Any, mode: str
-) -> Callable[[Any], Any]:
-    """``forward`` for inputs shaped as ``example``, as one inductor-compiled graph
-    (``mode``: a key of :data:`MODES`). The compile itself happens on the first call."""
-    t0 = time.perf_counter()
-    graph = flat_graph(torch, forward, example)
-    nodes = sum(1 for n in graph.graph.nodes if n.op == "call_function")
-    compiled = torch.compile(
-        graph, backend="inductor", mode=MODES[mode], fullgraph=True, dynamic=False
-    )
-    log.info(
-        "torch compile: input %s traced to %d operators in %.1f s; inductor (%s) compiles "
-        "it on its first run",
-        tuple(example.shape),
-        nodes,
-        time.perf_counter() - t0,
-        mode,
-    )
-    return compiled  # type: ignore[no-any-return]
+class CompiledForward:
+    """``forward`` for inputs shaped as one ``example``, as one inductor-compiled graph
+    (``mode``: a key of :data:`MODES`). The compile happens on the first call, said in the
+    log and, under systemd, in ``systemctl status`` with the start timeout extended. Where
+    the trace or the compile fails, this shape runs ``forward`` itself (the interpreter),
+    said once in the log: compiling is a speed-up, never a reason not to serve."""
+
+    def __init__(self, torch: Any, forward: Callable[[Any], Any], example: Any, mode: str):
+        self._forward = forward
+        self._shape = tuple(example.shape)
+        self._mode = mode
+        self._fn: Callable[[Any], Any] | None = None
+        self.compiled = False  # True once the compiled graph has run
+        t0 = time.perf_counter()
+        try:
+            graph = flat_graph(torch, forward, example)
+            self._fn = torch.compile(
+                graph, backend="inductor", mode=MODES[mode], fullgraph=True, dynamic=False
+            )
+        except Exception as e:  # noqa: BLE001 - any trace failure: the interpreter serves
+            self._give_up(e)
+            return
+        nodes = sum(1 for n in graph.graph.nodes if n.op == "call_function")
+        log.info(
+            "torch compile: input %s traced to %d operators in %.1f s",
+            self._shape,
+            nodes,
+            time.perf_counter() - t0,
+        )
+
+    def _give_up(self, error: BaseException) -> None:
+        self._fn = None
+        log.warning(
+            "torch compile (%s) failed for input %s, which runs uncompiled: %s",
+            self._mode,
+            self._shape,
+            error,
+        )
+
+    def __call__(self, x: Any) -> Any:
+        fn = self._fn
+        if fn is None:
+            return self._forward(x)
+        if self.compiled:
+            return fn(x)
+        text = f"compiling the torch engine's graph for input {self._shape} ({self._mode})"
+        with contextlib.suppress(OSError):
+            systemd.notify(f"EXTEND_TIMEOUT_USEC=600000000\nSTATUS={text}")
+        log.info("%s...", text)
+        t0 = time.perf_counter()
+        try:
+            out = fn(x)
+        except Exception as e:  # noqa: BLE001 - inductor's failure: the interpreter serves
+            self._give_up(e)
+            return self._forward(x)
+        self.compiled = True
+        log.info(
+            "torch compile: input %s compiled in %.1f s", self._shape, time.perf_counter() - t0
+        )
+        return out
