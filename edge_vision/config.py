@@ -139,8 +139,9 @@ class ServerConfig(_Section):
         ge=1,
         le=256,
         description="Threads OpenCV may use inside one call (cv2.setNumThreads), in each "
-        "worker process. None: 1 with decode.device cuda, else OpenCV's one per core. With "
-        "frames letterboxed on the GPU, OpenCV only post-processes small maps, where its "
+        "worker process. None: 1 while frames are letterboxed on the GPU (decode.device cuda "
+        "with a CUDA engine active), else OpenCV's one per core. Then OpenCV only "
+        "post-processes small maps, where its "
         "pool took 6x the CPU of one thread for the same time (a DB byte map: 4.6 against "
         "0.7 ms of CPU, 16 threads against 1; on the H200 the post threads were the "
         "server's largest CPU user, docs/benchmarks.md). On the 2-core CPU path, where "

@@ -67,7 +67,7 @@ from .receive import FrameMessage, decode_base64
 from .results import FrameResult as FrameResult  # re-exported: the pipeline's product
 from .settings import FrameSettings as FrameSettings  # re-exported: what it runs with
 from .shape import Letterbox, letterbox_into, plan_for_frame
-from .threads import name_native
+from .threads import name_native, opencv_threads
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,7 @@ class FramePipeline:
             in_flight=d.device_streams,
             release=self.release,
         )
+        self._opencv_threads: int | None = None  # what _set_opencv_threads last set
         service.on_engine_change(self._engine_changed)
         # Reading the boxes' text (read.py): the recogniser loads when a session asks.
         self.reading = ReadStage(config)
@@ -147,6 +148,17 @@ class FramePipeline:
                 )
         if device is not None:
             device.set_staging_allocator(allocator)
+        self._set_opencv_threads(device is not None and engine.accepts_device_frames)
+
+    def _set_opencv_threads(self, letterbox_on_gpu: bool) -> None:
+        """OpenCV's threads a call for where frames are letterboxed now (threads.py)."""
+        threads = opencv_threads(self.config.server.opencv_threads, letterbox_on_gpu)
+        if threads != self._opencv_threads:
+            self._opencv_threads = threads
+            cv2.setNumThreads(threads)
+            where = "the GPU" if letterbox_on_gpu else "the host"
+            shown = "OpenCV's default" if threads < 0 else str(threads)
+            log.info("OpenCV threads a call: %s (frames letterboxed on %s)", shown, where)
 
     @property
     def head(self) -> Head:

@@ -387,6 +387,11 @@ async def _start_engine(app: web.Application) -> None:
         raise
     service = app[SERVICE]
     app[METRICS].set_engine(service.status.active, service.status.degraded, service.max_batch)
+    # A serving process's own step once its engine is warm (workers.py freezes the start-up
+    # heap): here, before the loop runs anything else, so no session is part of it.
+    on_started = app[STATE].get("on_engine_started")
+    if on_started is not None:
+        on_started()
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -52,3 +52,14 @@ def role_of(os_name: str) -> str:
     """A thread's role from its OS name: the pool's prefix without the thread's number
     (``gpu-decode_1`` -> ``gpu-decode``, ``torch-run_0`` -> ``torch-run``)."""
     return re.sub(r"_\d+$", "", os_name)
+
+
+def opencv_threads(explicit: int | None, letterbox_on_gpu: bool) -> int:
+    """The threads OpenCV may use inside one call (``cv2.setNumThreads``):
+    ``server.opencv_threads`` when set; else 1 while frames are letterboxed on the GPU,
+    where OpenCV only post-processes small maps and its pool of one thread a core took 6x
+    the CPU for the same time (docs/benchmarks.md); else -1, OpenCV's default (one a core),
+    which the host letterbox uses."""
+    if explicit is not None:
+        return explicit
+    return 1 if letterbox_on_gpu else -1

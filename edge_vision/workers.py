@@ -27,7 +27,6 @@ messages from the main process only (``NotifyAccess=main``). The decisions are m
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import os
@@ -330,7 +329,8 @@ def _serve(
     app = create_app(config)
     if workers_warm is not None:
         app[STATE]["workers_warm"] = workers_warm
-    reporter.attach(app, functools.partial(_settle_heap, on_warm))
+    app[STATE]["on_engine_started"] = _settle_heap
+    reporter.attach(app, on_warm)
     if on_stop is not None:
 
         async def say_stopping(_app: web.Application) -> None:
@@ -349,15 +349,14 @@ def _serve(
     )
 
 
-def _settle_heap(then: Callable[[], object] | None) -> None:
-    """Once this process's engine is warm: freeze the start-up heap (memory.py), so the
-    collector's full passes no longer stall every session of the process; then ``then``."""
+def _settle_heap() -> None:
+    """Once this process's engine is warm, before it takes a session: freeze the start-up
+    heap (memory.py), so the collector's full passes no longer stall every session of the
+    process."""
     from .memory import freeze_startup_heap
 
     frozen, ms = freeze_startup_heap()
     log.info("%d start-up objects frozen for the collector (its pass took %.0f ms)", frozen, ms)
-    if then is not None:
-        then()
 
 
 def new_event_loop(kind: str) -> asyncio.AbstractEventLoop:
@@ -385,20 +384,10 @@ def _tune_process(config: Config) -> None:
             log.info("server.mmap_threshold_bytes: mallopt is not available here")
     if server.gil_switch_ms is not None:
         sys.setswitchinterval(server.gil_switch_ms / 1000.0)
-    threads = opencv_threads(config)
-    if threads is not None:
+    if server.opencv_threads is not None:  # unset: the pipeline's choice (threads.py)
         import cv2
 
-        cv2.setNumThreads(threads)
-        log.info("OpenCV threads a call: %d", threads)
-
-
-def opencv_threads(config: Config) -> int | None:
-    """``server.opencv_threads``, or when unset, 1 where frames are letterboxed on the GPU
-    (``decode.device`` cuda) and None (OpenCV's default) elsewhere."""
-    if config.server.opencv_threads is not None:
-        return config.server.opencv_threads
-    return 1 if config.decode.device == "cuda" else None
+        cv2.setNumThreads(server.opencv_threads)
 
 
 def _worker_main(
@@ -468,7 +457,7 @@ def _run_workers(config: Config) -> None:
                 notifier.record(payload, time.monotonic())
             elif not str(payload).startswith(NODE_ONLY):
                 systemd.notify(str(payload))
-                if str(payload).startswith("STATUS="):
+                if "STATUS=" in str(payload):  # also after an EXTEND_TIMEOUT_USEC= line
                     notifier.relayed_status(time.monotonic())
         notifier.tick(time.monotonic())
         if any(p.exitcode not in (None, 0) for p in procs) and not notifier.stopping:

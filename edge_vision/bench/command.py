@@ -62,6 +62,12 @@ def register(sub: Any) -> None:
         help="engine-only: start timing at this Unix time, after loading and graph capture, "
         "so engines in several processes are measured at the same time",
     )
+    p.add_argument(
+        "--server-ready-s",
+        type=float,
+        default=300.0,
+        help="how long the server may take to warm up (engine.torch.compile takes minutes)",
+    )
     p.add_argument("--out", type=Path, help="output folder (default bench-results/<time>)")
     p.add_argument("--no-plots", action="store_true")
     p.set_defaults(func=cmd_bench)
@@ -91,17 +97,23 @@ class _Server:
     """A server process for the duration of a load run, with its memory sampled."""
 
     def __init__(
-        self, argv: list[str], port: int, log_path: Path, ready_path: str | None = "/readyz"
+        self,
+        argv: list[str],
+        port: int,
+        log_path: Path,
+        ready_path: str | None = "/readyz",
+        ready_s: float = 300.0,
     ) -> None:
         """``ready_path`` None: ready once the port accepts (a server without /readyz)."""
         self.argv, self.port, self.log_path, self.ready_path = argv, port, log_path, ready_path
+        self.ready_s = ready_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.rss: list[tuple[float, float]] = []
 
     def __enter__(self) -> _Server:
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=self._log)
-        self._wait_ready()
+        self._wait_ready(self.ready_s)
         return self
 
     def _wait_ready(self, timeout: float = 300.0) -> None:
@@ -482,7 +494,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 runs.append(_load_run("target", args.url, jpegs, n, args, None))
                 continue
             port = free_port()
-            with _Server(_server_argv(args, port), port, out / "server.log") as srv:
+            argv = _server_argv(args, port)
+            with _Server(argv, port, out / "server.log", ready_s=args.server_ready_s) as srv:
                 runs.append(
                     _load_run("edge_vision", f"ws://127.0.0.1:{port}/ws", jpegs, n, args, srv)
                 )

@@ -92,8 +92,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         self.graph_captures = 0
         self._capturing = threading.Lock()
         # engine.torch.compile: the compiled forward of each input shape, shared by the slots
-        self._compiled: dict[tuple[int, ...], Any] = {}
-        self._compiling = threading.Lock()
+        self._compiled: dict[tuple[int, ...], CompiledForward] = {}
         # On the device (engine.torch.device_post): a DBNet map is made a byte map, a
         # YOLO v8/v11 output is cut to its best anchors.
         self._db_threshold: float | None = None
@@ -143,7 +142,10 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         self._shift = shift.reshape(1, 3, 1, 1).to(self._device, dtype)
         self._dtype = dtype
         if self.tcfg.compile != "off":
-            use_cache_dir(self.tcfg.compile_cache)
+            try:
+                use_cache_dir(self.tcfg.compile_cache)
+            except OSError as e:  # torch's own default under /tmp instead
+                log.warning("engine.torch.compile_cache %s: %s", self.tcfg.compile_cache, e)
         if self.cuda and self.tcfg.device_post:
             head = self.config.model.head
             if head in ("auto", "dbnet"):
@@ -172,12 +174,19 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         )
 
     async def prepare(self, shapes: Sequence[tuple[int, int]]) -> None:
-        """Capture CUDA graphs for every slot, batch bucket and warm-up shape, with progress."""
+        """With ``engine.torch.compile``, compile every batch bucket of each warm-up shape
+        first; then capture CUDA graphs for every slot, bucket and shape, with progress.
+        Compiling takes tens of seconds a shape, so it happens only here: a shape first
+        seen while serving runs the interpreter (:meth:`_run_forward`)."""
+        buckets = sorted({batch_bucket(b, self.max_batch) for b in range(1, self.max_batch + 1)})
+        loop = asyncio.get_running_loop()
+        if self.tcfg.compile != "off":
+            for b in buckets:
+                for h, w in shapes:
+                    await loop.run_in_executor(self._launcher, self._compile, (b, h, w, 3))
         if not self.cuda or not self.tcfg.cuda_graphs:
             return
-        buckets = sorted({batch_bucket(b, self.max_batch) for b in range(1, self.max_batch + 1)})
         todo = [(s, b, h, w) for s in self._all_slots for b in buckets for h, w in shapes]
-        loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         for i, (slot, b, h, w) in enumerate(todo, 1):
             await loop.run_in_executor(self._launcher, self._graph_for, slot, b, h, w)
@@ -205,20 +214,26 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
             return [yolo_v8_top_anchors(self._torch, outputs[0], k)]
         return outputs
 
+    def _compile(self, shape: tuple[int, ...]) -> None:
+        """``engine.torch.compile``: trace and compile the forward for a uint8 NHWC input
+        of ``shape``, and run it once, which compiles it (the launcher thread, in
+        :meth:`prepare`)."""
+        torch = self._torch
+        if shape in self._compiled or self._module is None:
+            return
+        with torch.no_grad():
+            x = torch.zeros(shape, dtype=torch.uint8, device=self._device)
+            fn = CompiledForward(torch, self._forward, x, self.tcfg.compile)
+            fn(x)
+            if self.cuda:
+                torch.cuda.synchronize(self._device)
+        self._compiled[shape] = fn
+
     def _run_forward(self, x: Any) -> list[Any]:
-        """:meth:`_forward`, through its compiled graph for ``x``'s shape when
-        ``engine.torch.compile`` is on (compiled on the first input of each shape)."""
-        if self.tcfg.compile == "off":
-            return self._forward(x)
-        key = tuple(x.shape)
-        fn = self._compiled.get(key)
-        if fn is None:
-            with self._compiling:  # one trace at a time; the slots share each shape's
-                fn = self._compiled.get(key)
-                if fn is None:
-                    fn = CompiledForward(self._torch, self._forward, x, self.tcfg.compile)
-                    self._compiled[key] = fn
-        out: list[Any] = fn(x)
+        """:meth:`_forward`, through the compiled graph of ``x``'s shape where
+        :meth:`prepare` compiled one (``engine.torch.compile``)."""
+        fn = self._compiled.get(tuple(x.shape))
+        out: list[Any] = fn(x) if fn is not None else self._forward(x)
         return out
 
     def _graph_for(self, slot: _Slot, b: int, h: int, w: int) -> _Graph:
@@ -304,7 +319,11 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         torch = self._torch
         with torch.no_grad():
             x = torch.from_numpy(np.stack(frames))
-            return [o.numpy() for o in self._run_forward(x)]
+            n = len(frames)
+            b = batch_bucket(n, self.max_batch)
+            if self._compiled and b > n:  # the compiled shapes are the batch buckets
+                x = torch.cat([x, x.new_zeros((b - n, *x.shape[1:]))])
+            return [o[:n].numpy() for o in self._run_forward(x)]
 
     async def infer(self, frames: Sequence[U8Array]) -> list[np.ndarray]:
         if self._launcher is not None and not self.cuda:
@@ -324,6 +343,8 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         return outputs
 
     def _release_backend(self) -> None:
+        # The compiled graphs hold the weights (and the engine, through _forward).
+        self._compiled.clear()
         self._module = None
 
     def describe(self) -> dict[str, Any]:

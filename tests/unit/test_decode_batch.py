@@ -389,3 +389,36 @@ def test_mock_device_wait_host_waits_for_the_stream_and_holds_nothing(
     (out,) = dec.decode_batch([_request(pipeline, text_scene(320, 180).jpeg())])
     assert isinstance(out, Prepared) and isinstance(out.canvas, DeviceFrame)
     assert out.canvas.ready is None and not dec._reading
+
+
+class _MockCudaEngine:
+    """An engine that takes GPU-decoded frames (a CUDA engine: none can run here)."""
+
+    accepts_device_frames = True
+
+    def host_allocator(self) -> None:
+        return None
+
+
+def test_mock_opencv_runs_one_thread_while_frames_are_letterboxed_on_the_gpu(
+    spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """server.opencv_threads unset: a CUDA engine with the device decoder makes OpenCV run
+    one thread a call (it then only post-processes); a fallback to ONNX Runtime gives the
+    host letterbox OpenCV's pool back. A mock CUDA engine and device decoder: no GPU here."""
+    cfg = make_config({"engine": {"kind": "onnxruntime"}, "decode": {"device": "cuda"}})
+    pipeline = FramePipeline(cfg, InferenceService(spec, cfg))
+    device = types.SimpleNamespace(
+        device="cuda:0", library="nvimgcodec", set_staging_allocator=lambda _a: None
+    )
+    monkeypatch.setattr("edge_vision.pipeline.make_device_decoder", lambda *_a, **_k: device)
+    default = cv2.getNumThreads()
+    try:
+        pipeline._engine_changed(_MockCudaEngine())  # type: ignore[arg-type]
+        assert pipeline.decoding.device is device
+        assert cv2.getNumThreads() == 1
+        cpu = types.SimpleNamespace(accepts_device_frames=False, host_allocator=lambda: None)
+        pipeline._engine_changed(cpu)  # type: ignore[arg-type]
+        assert cv2.getNumThreads() == default
+    finally:
+        cv2.setNumThreads(-1)
