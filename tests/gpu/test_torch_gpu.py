@@ -208,3 +208,36 @@ async def test_event_loop_stays_free_while_the_gpu_is_saturated(
         assert p99 < 5.0, f"event loop lag p99 {p99:.1f} ms while the GPU was saturated"
     finally:
         await engine.close()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inductor's own imports
+async def test_compiled_engine_is_captured_and_matches_the_interpreter_on_the_gpu(
+    spec: ModelSpec, backend: str, tmp_path: Any
+) -> None:
+    """engine.torch.compile default on a CUDA GPU: the warm-up compiles each batch bucket
+    of the shape (Triton kernels), the CUDA graphs capture the compiled code, and a batch
+    gives the interpreter's outputs (both FP16 with device post off, so the float map):
+    within FP16 rounding of the fused kernels' different order."""
+    rng = np.random.default_rng(7)
+    frames = [
+        text_scene(640, 384, texts=[(f"LOT {i}4-{i}C", (60 + 20 * i, 100 + 50 * i))], seed=i)
+        .rgb[:, :, ::-1]
+        .copy()
+        for i in range(3)
+    ] + [rng.integers(0, 255, (384, 640, 3), dtype=np.uint8)]
+    results = {}
+    for mode in ("off", "default"):
+        cfg = _gpu_config(backend, max_batch=4)
+        cfg.engine.torch.device_post = False
+        cfg.engine.torch.compile = mode  # type: ignore[assignment]
+        cfg.engine.torch.compile_cache = tmp_path / "inductor"
+        t0 = time.perf_counter()
+        results[mode] = await _outputs("torch", spec, cfg, frames)
+        print(f"{backend} compile {mode}: prepared and ran in {time.perf_counter() - t0:.1f} s")
+    (got, info), (ref, _) = results["default"], results["off"]
+    assert info["compiled_shapes"] == 3  # buckets 1, 2 and 4 of the one shape
+    assert info["graphs_captured"] > 0
+    err = _rel(got, ref)
+    print(f"{backend} compiled against the interpreter: relative error {err:.2e}")
+    assert got.shape == ref.shape and err <= 5e-3
