@@ -643,6 +643,16 @@ def compare_with_reference(
         + f"; detections {agreement.describe()}"
         + (f"; GPU JPEG decoder {got['gpu_jpeg_decoder']}" if got.get("gpu_jpeg_decoder") else "")
     )
+    # engine.torch.compile: did inductor compile the warm-up shapes here (on a Jetson it
+    # needs Triton for the board)? A shape that failed runs uncompiled, which serves but
+    # is not what was asked for.
+    compile_mode = got["engine"].get("compile", "off")
+    if compile_mode != "off":
+        n = got["engine"].get("compiled_shapes", 0)
+        summary += f"; torch compile {compile_mode}: {n} shape(s) compiled"
+        if not n:
+            ok = False
+            summary += " (none: the engine runs its interpreter; the log says why)"
     return Check(name, PASS if ok else FAIL, summary, details)
 
 

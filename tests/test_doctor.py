@@ -297,3 +297,26 @@ def test_doctor_judges_a_gpu_engine_s_best_yolo_anchors_by_their_detections() ->
     assert "best 1024 anchors of 8400 back" in same.summary
     missed = compare_with_reference("torch", engine_output(dets[:1]), ref, "fp16")
     assert missed.status == "fail", missed.summary
+
+
+def test_doctor_says_whether_the_torch_engine_s_graph_was_compiled() -> None:
+    """engine.torch.compile: doctor's torch line says how many warm-up shapes inductor
+    compiled on this board, and fails when none did (the engine then runs its interpreter:
+    on a Jetson, a torch without Triton for the board)."""
+    from edge_vision.doctor import compare_with_reference
+
+    dets = np.array([[10, 20, 110, 220, 0.9, 0]], np.float32)
+    prob = np.full((1, 1, 8, 8), 0.5, np.float32)
+    ref = {"raw": prob, "detections": dets}
+
+    def engine_output(engine: dict[str, Any]) -> dict[str, Any]:
+        return {"raw": prob, "detections": dets, "engine": engine, "frame_ms": 1.0}
+
+    plain = compare_with_reference("torch", engine_output({"compile": "off"}), ref, "fp16")
+    assert plain.status == "pass" and "compile" not in plain.summary
+    done = engine_output({"compile": "default", "compiled_shapes": 5})
+    compiled = compare_with_reference("torch", done, ref, "fp16")
+    assert compiled.status == "pass" and "torch compile default: 5 shape(s)" in compiled.summary
+    failed = engine_output({"compile": "default", "compiled_shapes": 0})
+    none = compare_with_reference("torch", failed, ref, "fp16")
+    assert none.status == "fail" and "runs its interpreter" in none.summary
