@@ -17,6 +17,7 @@ from .base import (
     PinnedBuffer,
     cuda_available,
     open_runtime,
+    use_blocking_sync,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "PinnedBuffer",
     "cuda_available",
     "open_runtime",
+    "use_blocking_sync",
 ]

@@ -120,6 +120,8 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
                 f"engine.torch.device is {self.tcfg.device} but CUDA is not available to torch"
             )
         self._device = device
+        if device.type == "cuda":  # engine.cuda_sync, before torch opens the device
+            self._set_cuda_sync(device.index or 0)
         from .onnx_torch import OnnxGraphModule
 
         dtype = torch.float16 if (self.tcfg.fp16 and self.cuda) else torch.float32
