@@ -295,12 +295,22 @@ class TorchConfig(EngineSection):
         "(engines/torch_compile.py). Tens of seconds a shape at warm-up, cached on disk in "
         "compile_cache; max-autotune tries more kernels and takes longer. Off by default: "
         "not yet measured on a GPU; on the 2-core CPU machine it ran the default detector "
-        "2.1x faster than the interpreter (docs/benchmarks.md).",
+        "1.7x faster than the interpreter (docs/benchmarks.md).",
     )
     compile_cache: Path = Field(
         Path("engines/torch-compile"),
         description="Where inductor keeps compiled graphs across restarts (engine.torch.compile).",
     )
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_yaml_words(cls, v: object) -> object:
+        """YAML reads a bare ``off`` / ``on`` (``--set engine.torch.compile=off``) as a
+        boolean: off is off, on is ``default``."""
+        if isinstance(v, bool):
+            return "default" if v else "off"
+        return v
+
     yolo_candidates: int = Field(
         1024,
         ge=1,

@@ -68,3 +68,15 @@ def test_dump_round_trips(tmp_path: Path) -> None:
     f = tmp_path / "dump.yaml"
     f.write_text(dump_config(cfg))
     assert load_config(f, environ={}) == cfg
+
+
+def test_torch_compile_takes_yaml_s_bare_off_and_on() -> None:
+    """`--set engine.torch.compile=off` reaches the config as YAML's boolean false: it
+    means off (and a bare on, inductor's default mode), not a validation error."""
+    from ..support.server import make_config
+
+    assert make_config({"engine": {"torch": {"compile": False}}}).engine.torch.compile == "off"
+    assert make_config({"engine": {"torch": {"compile": True}}}).engine.torch.compile == "default"
+    assert make_config({"engine": {"torch": {"compile": "max-autotune"}}}).engine.torch.compile == (
+        "max-autotune"
+    )
