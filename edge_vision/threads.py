@@ -6,6 +6,9 @@ show) as the process's. Each thread pool of the frame path passes :func:`name_na
 as its initializer, so an operator sees which stage takes a core, and ``edge-vision
 bench`` reports the server's CPU by role (:func:`role_of`). Threads that native code
 starts (CUDA's, a decoder library's) inherit the name of the thread that started them.
+
+:func:`opencv_threads` is the other rule about the service's threads: how many OpenCV
+may use inside one call, which the pipeline applies on each engine change.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from aiohttp import web
 
 from . import systemd
 from .aio import cancel_and_wait, with_timeout
-from .config import Config
+from .config import Config, ServerConfig
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -325,7 +325,7 @@ def _serve(
 ) -> None:
     from .server import STATE, create_app
 
-    _tune_process(config)
+    _tune_process(config.server)
     app = create_app(config)
     if workers_warm is not None:
         app[STATE]["workers_warm"] = workers_warm
@@ -373,10 +373,10 @@ def new_event_loop(kind: str) -> asyncio.AbstractEventLoop:
     return loop
 
 
-def _tune_process(config: Config) -> None:
-    """The settings that hold for a whole serving process: glibc's mmap threshold, the
-    GIL's switch interval, OpenCV's own threads."""
-    server = config.server
+def _tune_process(server: ServerConfig) -> None:
+    """The settings that hold for a whole serving process: glibc's mmap threshold and the
+    GIL's switch interval. (OpenCV's own threads follow where frames are letterboxed: the
+    pipeline sets them, threads.opencv_threads.)"""
     if server.mmap_threshold_bytes is not None:
         from .memory import fix_mmap_threshold
 
@@ -384,10 +384,6 @@ def _tune_process(config: Config) -> None:
             log.info("server.mmap_threshold_bytes: mallopt is not available here")
     if server.gil_switch_ms is not None:
         sys.setswitchinterval(server.gil_switch_ms / 1000.0)
-    if server.opencv_threads is not None:  # unset: the pipeline's choice (threads.py)
-        import cv2
-
-        cv2.setNumThreads(server.opencv_threads)
 
 
 def _worker_main(

@@ -113,14 +113,14 @@ class _Server:
     def __enter__(self) -> _Server:
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=self._log)
-        self._wait_ready(self.ready_s)
+        self._wait_ready()
         return self
 
-    def _wait_ready(self, timeout: float = 300.0) -> None:
+    def _wait_ready(self) -> None:
         import urllib.error
         import urllib.request
 
-        deadline = time.time() + timeout
+        deadline = time.time() + self.ready_s
         while time.time() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"server exited early; see {self.log_path}")
@@ -135,7 +135,7 @@ class _Server:
             except (OSError, urllib.error.URLError):
                 pass
             time.sleep(0.2)
-        raise TimeoutError(f"server not ready after {timeout:.0f} s; see {self.log_path}")
+        raise TimeoutError(f"server not ready after {self.ready_s:.0f} s; see {self.log_path}")
 
     def sample(self, t: float) -> None:
         from .load import rss_mib

@@ -93,10 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.opencv_threads is not None:
         cv2.setNumThreads(args.opencv_threads)
-    results_head = {"opencv_threads": cv2.getNumThreads(), "gap_ms": args.gap_ms}
     versions = versions_to_run(post, "post", args.baseline)
     threshold = post.DbnetHead.bin_threshold
-    results: dict[str, Any] = {"versions": list(versions), **results_head, "maps": {}}
+    results: dict[str, Any] = {
+        "versions": list(versions),
+        "opencv_threads": cv2.getNumThreads(),
+        "gap_ms": args.gap_ms,
+        "maps": {},
+    }
     print(f"OpenCV threads {cv2.getNumThreads()}, {args.gap_ms:g} ms between maps")
     for kind in ("float", "bytes"):
         for n in args.boxes:

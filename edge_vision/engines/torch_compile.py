@@ -24,7 +24,6 @@ graph cache), so a restart with the same model, shapes and torch reuses it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -109,8 +108,7 @@ class CompiledForward:
         if self.compiled:
             return fn(x)
         text = f"compiling the torch engine's graph for input {self._shape} ({self._mode})"
-        with contextlib.suppress(OSError):
-            systemd.notify(f"EXTEND_TIMEOUT_USEC=600000000\nSTATUS={text}")
+        systemd.notify(f"EXTEND_TIMEOUT_USEC=600000000\nSTATUS={text}")
         log.info("%s...", text)
         t0 = time.perf_counter()
         try:
