@@ -283,8 +283,10 @@ class TorchConfig(EngineSection):
         "probability map is binarised and quantised to one byte a pixel "
         "(post.DB_MAP_BYTES): 4x less to copy back and no threshold pass on the host; box "
         "scores stay within 0.003 of the float map's. A YOLO v8/v11 raw output comes back "
-        "as its yolo_candidates best-scoring anchors only (post.yolo_v8_top_anchors): the "
-        "same detections while no more anchors than that reach the confidence threshold. "
+        "NMS'd: its yolo_candidates best-scoring anchors, each marked kept or suppressed "
+        "(post.yolo_v8_device_nms; 28 bytes an anchor instead of 336 at 80 classes, and no "
+        "NMS on the host): the same detections while no more anchors than that reach the "
+        "confidence threshold. "
         "false: the model's outputs come back whole.",
     )
     compile: Literal["off", "default", "max-autotune"] = Field(
@@ -315,8 +317,8 @@ class TorchConfig(EngineSection):
         1024,
         ge=1,
         description="With device_post, how many of a YOLO v8/v11 output's anchors (8,400 at "
-        "640x640) come back from the GPU, best class score first, for the host's "
-        "confidence filter and NMS; model.max_detections are kept after NMS.",
+        "640x640), best class score first, are NMS'd on the GPU and come back for the "
+        "host's confidence filter; model.max_detections are kept after NMS.",
     )
 
 

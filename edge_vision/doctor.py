@@ -616,8 +616,8 @@ def compare_with_reference(
     got_raw, ref_raw = got["raw"], ref["raw"]
     if got_raw.dtype == np.uint8:  # DB's byte map, made on the GPU (engine.torch.device_post)
         got_raw, ref_raw = _as_byte_maps(got_raw, ref_raw, got["byte_map_threshold"])
-    # YOLO's best anchors only (engine.torch.device_post) cannot be matched element by
-    # element: the detections are the comparison.
+    # YOLO NMS'd on the device (engine.torch.device_post: its best anchors, kept or not)
+    # cannot be matched element by element: the detections are the comparison.
     err = relative_error(got_raw, ref_raw) if got_raw.shape == ref_raw.shape else None
     agreement = match_detections(ref["detections"], got["detections"], iou_threshold=0.5)
     limit = REL_ERROR_LIMIT.get(precision, 1e-2)
@@ -633,7 +633,10 @@ def compare_with_reference(
     }
     ok = (err is None or err <= limit) and agreement.score >= MIN_AGREEMENT
     if err is None:
-        raw = f"{precision}: best {got_raw.shape[-1]} anchors of {ref_raw.shape[-1]} back"
+        raw = (
+            f"{precision}: NMS on the device, best {got_raw.shape[-2]} anchors of "
+            f"{ref_raw.shape[-1]} back"
+        )
     else:
         raw = f"{precision}: relative error {err:.2e}" + (
             f" (limit {limit:g})" if limit != math.inf else ""

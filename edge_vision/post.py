@@ -13,7 +13,9 @@ Heads:
 * :class:`EndToEndHead` — NMS-free ``[N, k, 6]`` (YOLOv10, YOLO26 end-to-end exports);
 * :class:`EfficientNmsHead` — TensorRT EfficientNMS_TRT's four outputs.
 
-Raw YOLO heads run a confidence filter and class-aware NMS (:func:`batched_nms`).
+Raw YOLO heads run a confidence filter and class-aware NMS (:func:`batched_nms`). A GPU
+engine may NMS a YOLO v8/v11 output on the device (:func:`yolo_v8_device_nms`); the v8 head
+then reads its kept candidates (:func:`decode_device_nms`).
 """
 
 from __future__ import annotations
@@ -44,8 +46,11 @@ def empty_detections() -> F32Array:
     return np.zeros((0, 6), np.float32)
 
 
-def nms(boxes: F32Array, scores: F32Array, iou_threshold: float) -> IntArray:
-    """Greedy non-maximum suppression; indices kept, best score first."""
+def nms(
+    boxes: F32Array, scores: F32Array, iou_threshold: float, classes: F32Array | None = None
+) -> IntArray:
+    """Greedy non-maximum suppression; indices kept, best score first (ties in the given
+    order). With ``classes``, only boxes of one class suppress each other."""
     order = np.argsort(-scores, kind="stable")
     x1, y1, x2, y2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
     areas = np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0)
@@ -58,7 +63,10 @@ def nms(boxes: F32Array, scores: F32Array, iou_threshold: float) -> IntArray:
         h = np.maximum(0.0, np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]))
         inter = w * h
         iou = inter / np.maximum(areas[i] + areas[rest] - inter, 1e-9)
-        order = rest[iou <= iou_threshold]
+        stays = iou <= iou_threshold
+        if classes is not None:
+            stays |= classes[rest] != classes[i]
+        order = rest[stays]
     return np.asarray(keep, dtype=np.intp)
 
 
@@ -68,9 +76,7 @@ def batched_nms(
     """Class-aware NMS: boxes of different classes never suppress each other."""
     if len(boxes) == 0:
         return np.zeros(0, np.intp)
-    span = float(boxes[:, :4].max()) + 1.0
-    shifted = boxes[:, :4] + (classes.astype(np.float32) * span)[:, None]
-    return nms(shifted, scores, iou_threshold)
+    return nms(boxes[:, :4], scores, iou_threshold, classes)
 
 
 def _finish(dets: F32Array, lb: Letterbox, max_det: int) -> F32Array:
@@ -350,13 +356,16 @@ def _nms_detections(
 
 @dataclass(frozen=True)
 class YoloV8Head:
-    """Ultralytics v8/v11 raw output ``[4 + nc, A]``: cx, cy, w, h, then class scores."""
+    """Ultralytics v8/v11 raw output ``[4 + nc, A]``: cx, cy, w, h, then class scores; or
+    the same model NMS'd on the device (:func:`yolo_v8_device_nms`)."""
 
     nms_iou: float = 0.45
     max_detections: int = 300
     name: str = "yolo_v8"
 
     def decode(self, outputs: Sequence[np.ndarray], lb: Letterbox, confidence: float) -> F32Array:
+        if is_device_nms(outputs):
+            return decode_device_nms(outputs, lb, confidence, self.nms_iou, self.max_detections)
         pred = np.asarray(outputs[0], np.float32)
         cls_scores = pred[4:]
         classes = cls_scores.argmax(axis=0)
@@ -436,23 +445,93 @@ def is_yolo_v8_raw(output_shapes: Sequence[tuple[int, ...]]) -> bool:
     return len(shapes) == 1 and len(shapes[0]) == 3 and pick_head_name(shapes) == "yolo_v8"
 
 
-def yolo_v8_top_anchors(torch: Any, raw: Any, k: int) -> Any:
-    """The ``k`` anchors of a YOLO v8/v11 raw output ``[B, 4 + nc, A]`` with the highest
-    class score, highest first, in the same layout ``[B, 4 + nc, k]``: made on the device
-    inside the torch engine's captured graph (``engine.torch.device_post``; static shapes,
-    so it captures), so that ``k`` anchors come back instead of all ``A`` (1,024 of 8,400
-    at 640x640: 8x fewer bytes, 8x less for the host to scan). :class:`YoloV8Head`
-    decodes it as it decodes the raw output, with the same detections whenever at most
-    ``k`` anchors reach the confidence threshold (every anchor left out scores below every
-    anchor kept). The output comes back whole when it has no more than ``k`` anchors, or
-    when ``k`` anchors would not outnumber its rows (the cut would no longer read as v8's).
-    ``torch``: the module, passed in, so this module imports no torch."""
-    b, c, a = raw.shape
-    if not c < k < a:
-        return raw
-    best = raw[:, 4:, :].amax(dim=1)
-    index = best.topk(k, dim=1).indices
-    return raw.gather(2, index.unsqueeze(1).expand(b, c, k))
+#: Rounds of :func:`yolo_v8_device_nms`'s fixed-point iteration inside the captured graph.
+DEVICE_NMS_ROUNDS = 8
+#: What :func:`yolo_v8_device_nms` says of each candidate: suppressed or kept; undecided
+#: (every candidate of the frame) when its rounds did not settle, and the host runs NMS.
+NMS_SUPPRESSED, NMS_KEPT, NMS_UNDECIDED = 0, 1, 2
+
+
+def yolo_v8_device_nms(
+    torch: Any, raw: Any, k: int, iou_threshold: float, rounds: int = DEVICE_NMS_ROUNDS
+) -> list[Any]:
+    """A YOLO v8/v11 raw output ``[B, 4 + nc, A]`` NMS'd on the device, inside the torch
+    engine's captured graph (``engine.torch.device_post``; static shapes, no host sync):
+
+    1. the ``k`` anchors with the highest class score, highest first (every anchor left
+       out scores below every anchor kept, so the detections are the host's whenever at
+       most ``k`` anchors reach the confidence threshold);
+    2. their boxes as x1, y1, x2, y2, and which earlier candidate of the same class
+       overlaps which later one by more than ``iou_threshold`` (``[B, k, k]``);
+    3. greedy NMS as a fixed point (Zheng et al., "Enhancing Geometric Factors in Model
+       Learning and Inference", 2021, Cluster-NMS): ``keep[j]`` = no kept earlier
+       candidate overlaps ``j``. Starting from all kept, each round applies that rule to
+       the last; a round that changes nothing has reached greedy NMS's own answer, so
+       ``rounds`` rounds run and the last two are compared. A frame whose rounds did not
+       settle is marked undecided and the host runs greedy NMS on its candidates.
+
+    Returns ``[dets [B, k, 6] float32 (x1, y1, x2, y2, score, class; highest first),
+    state [B, k] uint8 (NMS_SUPPRESSED / NMS_KEPT / NMS_UNDECIDED)]``: 28 bytes a
+    candidate instead of ``4 * (4 + nc)`` (336 at 80 classes), and no NMS on the host.
+    The confidence threshold is each session's own, so it is left to the host: a
+    candidate under it can only suppress lower-scoring ones, under it too, so filtering
+    after NMS keeps what filtering before it would. ``torch``: the module, passed in, so
+    this module imports no torch."""
+    b, _, a = raw.shape
+    k = min(k, a)
+    scores, classes = raw[:, 4:, :].max(dim=1)
+    top = scores.topk(k, dim=1)
+    scores, classes = top.values, classes.gather(1, top.indices).to(raw.dtype)
+    xywh = raw[:, :4, :].gather(2, top.indices.unsqueeze(1).expand(b, 4, k)).transpose(1, 2)
+    half = xywh[..., 2:] / 2
+    boxes = torch.cat([xywh[..., :2] - half, xywh[..., :2] + half], dim=2)
+    x1, y1, x2, y2 = (c.unsqueeze(2) for c in boxes.unbind(2))  # [B, k, 1] each
+    area = (x2 - x1).clamp(min=0) * (y2 - y1).clamp(min=0)
+
+    def overlap(lo: Any, hi: Any) -> Any:  # [B, k, k]: each pair's overlap along one axis
+        end, start = torch.minimum(hi, hi.transpose(1, 2)), torch.maximum(lo, lo.transpose(1, 2))
+        return (end - start).clamp_(min=0)
+
+    inter = overlap(x1, x2).mul_(overlap(y1, y2))
+    union = (area + area.transpose(1, 2)).sub_(inter).clamp_(min=1e-9)
+    over = inter.div_(union) > iou_threshold  # as nms() on the host: IoU above suppresses
+    over &= classes.unsqueeze(2) == classes.unsqueeze(1)
+    over &= torch.ones(k, k, dtype=torch.bool, device=raw.device).triu(1)  # earlier on later
+    keep = torch.ones(b, k, dtype=torch.bool, device=raw.device)
+    before = keep
+    for _ in range(rounds):
+        before, keep = keep, ~(over & keep.unsqueeze(2)).any(dim=1)
+    settled = (keep == before).all(dim=1, keepdim=True)
+    undecided = torch.full_like(keep, NMS_UNDECIDED, dtype=torch.uint8)
+    state = torch.where(settled, keep.to(torch.uint8), undecided)
+    dets = torch.cat([boxes, scores.unsqueeze(2), classes.unsqueeze(2)], dim=2)
+    return [dets, state]
+
+
+def is_device_nms(outputs: Sequence[Any]) -> bool:
+    """One frame's outputs from :func:`yolo_v8_device_nms` (or their batch-first shapes):
+    candidates ``[..., k, 6]`` and a state ``[..., k]`` a candidate."""
+    if len(outputs) != 2:
+        return False
+    dets, state = (tuple(getattr(o, "shape", o)) for o in outputs)
+    return len(dets) >= 2 and dets[-1] == 6 and state == dets[:-1]
+
+
+def decode_device_nms(
+    outputs: Sequence[np.ndarray], lb: Letterbox, confidence: float, iou: float, max_det: int
+) -> F32Array:
+    """The detections of one frame NMS'd on the device (:func:`yolo_v8_device_nms`): its
+    kept candidates at or above ``confidence``; when the device's rounds did not settle,
+    greedy NMS here on its candidates, in the device's order."""
+    dets = np.asarray(outputs[0], np.float32).reshape(-1, 6)
+    state = np.asarray(outputs[1]).reshape(-1)
+    confident = dets[:, 4] >= confidence
+    if (state == NMS_UNDECIDED).any():
+        dets = dets[confident]
+        dets = dets[batched_nms(dets[:, :4], dets[:, 4], dets[:, 5], iou)]
+    else:
+        dets = dets[confident & (state == NMS_KEPT)]
+    return _finish(dets, lb, max_det)
 
 
 def pick_head_name(output_shapes: Sequence[tuple[int, ...]]) -> str:
@@ -460,6 +539,8 @@ def pick_head_name(output_shapes: Sequence[tuple[int, ...]]) -> str:
     shapes = [tuple(s) for s in output_shapes]
     if len(shapes) == 4 and len(shapes[1]) == 3 and shapes[1][-1] == 4:
         return "efficient_nms"
+    if is_device_nms(shapes):  # engine.torch.device_post's NMS (yolo_v8_device_nms)
+        return "yolo_v8"
     if len(shapes) == 1:
         s = shapes[0]
         if is_db_map(shapes):

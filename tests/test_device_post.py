@@ -3,9 +3,9 @@
 
 * DBNet's byte map (post.DB_MAP_BYTES), on the real model's maps of real photos: the DB
   head must find the same boxes in it as in the float map the host path decodes;
-* a YOLO v8/v11 output cut to its best anchors (post.yolo_v8_top_anchors), on synthetic
+* a YOLO v8/v11 output NMS'd on the device (post.yolo_v8_device_nms), on synthetic
   outputs (no YOLO weights exist on this machine): the v8 head must find the same
-  detections in it as in the whole output.
+  detections in it as in the whole output, settled on the device or not.
 """
 
 from __future__ import annotations
@@ -19,14 +19,19 @@ import pytest
 from edge_vision.bench.sizes import TEXT_PHOTOS, our_input, photo_frame
 from edge_vision.models import ModelSpec
 from edge_vision.post import (
+    NMS_KEPT,
+    NMS_UNDECIDED,
     DbnetHead,
     YoloV8Head,
     db_map_bytes,
     db_map_levels,
+    nms,
     pick_head_name,
-    yolo_v8_top_anchors,
+    yolo_v8_device_nms,
 )
 from edge_vision.shape import Letterbox
+
+from .support.yolo import yolo_v8_output
 
 torch = pytest.importorskip(
     "torch",
@@ -79,56 +84,75 @@ def test_the_db_head_finds_the_same_boxes_in_the_byte_map_as_in_the_float_map(
     assert boxes >= 10  # the photos hold text: the comparison covered real boxes
 
 
-def _yolo_v8_output(rng: np.random.Generator, objects: int, batch: int = 2) -> np.ndarray:
-    """A YOLO v8 raw output ``[B, 84, 8400]`` shaped as a trained model's looks: every
-    anchor a faint guess (class scores under 0.05), and round each object a cluster of
-    anchors whose boxes overlap it, scoring 0.3-0.95 in its class. Synthetic: no YOLO
-    weights exist on this machine (none ship, and nothing is downloaded at run time)."""
-    nc, anchors = 80, 8400
-    out = np.zeros((batch, 4 + nc, anchors), np.float32)
-    out[:, :2] = rng.uniform(0, 640, (batch, 2, anchors))
-    out[:, 2:4] = rng.uniform(4, 60, (batch, 2, anchors))
-    out[:, 4:] = rng.uniform(0, 0.05, (batch, nc, anchors))
-    for b in range(batch):
-        for _ in range(objects):
-            cx, cy, w, h = rng.uniform(40, 600), rng.uniform(40, 600), *rng.uniform(20, 120, 2)
-            cls = rng.integers(nc)
-            for a in rng.choice(anchors, rng.integers(3, 12), replace=False):
-                out[b, :4, a] = cx + rng.normal(0, 3), cy + rng.normal(0, 3), w, h
-                out[b, 4 + cls, a] = rng.uniform(0.3, 0.95)
-    return out
+def _sorted(dets: np.ndarray) -> np.ndarray:
+    return dets[np.lexsort(dets.T[::-1])]
 
 
-def test_yolo_best_anchors_give_the_host_head_the_same_detections_synthetic_yolo_v8() -> None:
-    """post.yolo_v8_top_anchors, which the torch engine runs on the GPU inside its graph
-    (engine.torch.device_post): 1,024 of 8,400 anchors come back, still in v8's layout, and
-    the host's v8 head finds exactly the detections it finds in the whole output."""
+def test_yolo_nmsd_on_the_device_gives_the_host_head_s_detections_synthetic_yolo_v8() -> None:
+    """post.yolo_v8_device_nms, which the torch engine runs on the GPU inside its graph
+    (engine.torch.device_post): 1,024 of 8,400 anchors come back with 28 bytes each
+    instead of 336, their NMS settled on the device, and the v8 head reads from them
+    exactly the detections it finds in the whole output, at any confidence."""
     rng = np.random.default_rng(11)
-    raw = _yolo_v8_output(rng, objects=40)
-    top = yolo_v8_top_anchors(torch, torch.from_numpy(raw), 1024).numpy()
-    assert top.shape == (2, 84, 1024)
-    assert pick_head_name([top.shape]) == "yolo_v8"  # the head chosen from it is v8's
+    raw = yolo_v8_output(rng, objects=40)
+    dets, state = (o.numpy() for o in yolo_v8_device_nms(torch, torch.from_numpy(raw), 1024, 0.45))
+    assert dets.shape == (2, 1024, 6) and state.shape == (2, 1024) and state.dtype == np.uint8
+    assert dets.nbytes + state.nbytes == 2 * 1024 * 25  # 1,024 candidates × (6 floats + 1 byte)
+    assert pick_head_name([dets.shape, state.shape]) == "yolo_v8"  # the head chosen from it
+    assert not (state == NMS_UNDECIDED).any()  # settled on the device: no NMS on the host
     head = YoloV8Head()
     lb = Letterbox(640, 640, 640, 640, 640, 640, 0, 0)
     found = 0
     for b in range(len(raw)):
         for confidence in (0.25, 0.5):
             want = head.decode([raw[b]], lb, confidence)
-            got = head.decode([top[b]], lb, confidence)
-            order = np.lexsort(want.T[::-1])
-            np.testing.assert_array_equal(got[np.lexsort(got.T[::-1])], want[order])
+            got = head.decode([dets[b], state[b]], lb, confidence)
+            np.testing.assert_array_equal(got[:, 4], want[:, 4])  # best first, as the host
+            np.testing.assert_allclose(_sorted(got), _sorted(want), atol=1e-4)
             found += len(want)
     assert found >= 100  # real detections were compared, not two empty lists
 
 
-def test_yolo_best_anchors_are_the_best_scoring_synthetic_yolo_v8() -> None:
+def test_a_chain_the_device_rounds_do_not_settle_is_nmsd_on_the_host() -> None:
+    """Boxes in a row, each overlapping the next: greedy NMS keeps every other one, and
+    each box's fate hangs on the one before, so 8 rounds cannot settle a chain of 30. The
+    frame comes back undecided and the host's NMS gives greedy's answer; with rounds
+    enough, the device gives the same answer itself."""
+    n = 30
+    raw = np.zeros((1, 5, 40), np.float32)  # one class; 10 empty anchors
+    raw[0, 0, :n] = 100 + 10 * np.arange(n)  # cx: 10 px apart, 20 px wide: IoU 1/3
+    raw[0, 1, :n], raw[0, 2, :n], raw[0, 3, :n] = 50, 20, 20
+    raw[0, 4, :n] = np.linspace(0.9, 0.6, n)  # scores fall along the row
+    x = torch.from_numpy(raw)
+    head = YoloV8Head(nms_iou=0.3)
+    lb = Letterbox(640, 640, 640, 640, 640, 640, 0, 0)
+    want = head.decode([raw[0]], lb, 0.5)
+    assert len(want) == len(np.arange(n)[raw[0, 4, :n] >= 0.5][::2])  # every other box
+    dets, state = (o.numpy() for o in yolo_v8_device_nms(torch, x, 1024, 0.3, rounds=8))
+    assert (state == NMS_UNDECIDED).all()
+    np.testing.assert_array_equal(head.decode([dets[0], state[0]], lb, 0.5), want)
+    dets, state = (o.numpy() for o in yolo_v8_device_nms(torch, x, 1024, 0.3, rounds=n + 1))
+    assert not (state == NMS_UNDECIDED).any() and (state[0, :n:2] == NMS_KEPT).all()
+    np.testing.assert_array_equal(head.decode([dets[0], state[0]], lb, 0.5), want)
+
+
+def test_yolo_candidates_nmsd_on_the_device_are_the_best_scoring_synthetic_yolo_v8() -> None:
     """With more anchors above the threshold than come back, the ones kept are the
-    highest-scoring: every anchor left out scores at most what the last one kept does."""
+    highest-scoring, highest first: every anchor left out scores at most what the last
+    one kept does; and an output with fewer anchors than asked for comes back whole."""
     rng = np.random.default_rng(12)
-    raw = _yolo_v8_output(rng, objects=300, batch=1)  # about 2,000 strong anchors
-    top = yolo_v8_top_anchors(torch, torch.from_numpy(raw), 1024).numpy()
-    kept = top[0, 4:].max(axis=0)
+    raw = yolo_v8_output(rng, objects=300, batch=1)  # about 2,000 strong anchors
+    dets, _ = yolo_v8_device_nms(torch, torch.from_numpy(raw), 1024, 0.45)
     everything = np.sort(raw[0, 4:].max(axis=0))[::-1]
-    np.testing.assert_array_equal(kept, everything[:1024])  # highest first
-    small = raw[:, :, :900]  # no more anchors than are asked for: returned as it is
-    assert yolo_v8_top_anchors(torch, torch.from_numpy(small), 1024).shape == small.shape
+    np.testing.assert_array_equal(dets[0, :, 4].numpy(), everything[:1024])
+    small = torch.from_numpy(raw[:, :, :900])
+    assert yolo_v8_device_nms(torch, small, 1024, 0.45)[0].shape == (1, 900, 6)
+
+
+def test_class_aware_nms_never_lets_one_class_suppress_another() -> None:
+    """The host's NMS (which decodes frames the device left undecided) masks by class as
+    the device does: two same-place boxes of two classes both stay."""
+    boxes = np.array([[0, 0, 10, 10], [0, 0, 10, 10], [1, 1, 10, 10]], np.float32)
+    scores = np.array([0.9, 0.8, 0.7], np.float32)
+    assert nms(boxes, scores, 0.5).tolist() == [0]
+    assert nms(boxes, scores, 0.5, np.array([0, 1, 0], np.float32)).tolist() == [0, 1]

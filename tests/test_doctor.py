@@ -279,22 +279,23 @@ def test_doctor_reads_a_gpu_engine_s_byte_map_as_probabilities_made_on_the_cpu()
     assert wrong.details["relative_error"] > 1e-2 and wrong.status == "fail", wrong.summary
 
 
-def test_doctor_judges_a_gpu_engine_s_best_yolo_anchors_by_their_detections() -> None:
-    """With engine.torch.device_post a YOLO v8 model's output comes back from the GPU as
-    its best 1,024 anchors, not ONNX Runtime's 8,400: no element-wise error can be taken,
-    so the doctor says so and passes or fails on the detections alone."""
+def test_doctor_judges_a_gpu_engine_s_yolo_nms_by_its_detections() -> None:
+    """With engine.torch.device_post a YOLO v8 model is NMS'd on the GPU and its best
+    1,024 anchors come back as boxes, not ONNX Runtime's 8,400 raw anchors: no
+    element-wise error can be taken, so the doctor says so and passes or fails on the
+    detections alone."""
     from edge_vision.doctor import compare_with_reference
 
     dets = np.array([[10, 20, 110, 220, 0.9, 3], [300, 40, 380, 90, 0.8, 0]], np.float32)
     ref = {"raw": np.zeros((1, 84, 8400), np.float32), "detections": dets}
 
     def engine_output(found: np.ndarray) -> dict[str, Any]:
-        raw = np.zeros((1, 84, 1024), np.float32)
+        raw = np.zeros((1, 1024, 6), np.float32)  # the first output: the candidates
         return {"raw": raw, "detections": found, "engine": {}, "frame_ms": 1.0}
 
     same = compare_with_reference("torch", engine_output(dets), ref, "fp16")
     assert same.status == "pass" and same.details["relative_error"] is None, same.summary
-    assert "best 1024 anchors of 8400 back" in same.summary
+    assert "NMS on the device, best 1024 anchors of 8400 back" in same.summary
     missed = compare_with_reference("torch", engine_output(dets[:1]), ref, "fp16")
     assert missed.status == "fail", missed.summary
 

@@ -9,7 +9,8 @@ per (batch bucket, H, W). A batch is::
     the CUDA layer's pinned allocator while this engine is active)
     --H2D per frame (slot stream)--> graph replay
        [uint8 NHWC -> normalised NCHW fp16 -> network -> fp32 outputs
-        (a DBNet map: -> its byte map, post.DB_MAP_BYTES, engine.torch.device_post)]
+        (a DBNet map: -> its byte map, post.DB_MAP_BYTES; a YOLO v8/v11 output: -> its
+         best anchors NMS'd, post.yolo_v8_device_nms; engine.torch.device_post)]
     --D2H (slot stream)--> pinned outputs --event--> copied out, all on a run thread
 
 so batch k+1's copies run while batch k computes on another stream. Batch sizes are
@@ -37,7 +38,7 @@ from ..config import Config
 from ..cuda import PinnedBuffer
 from ..errors import EngineError
 from ..models import ModelSpec
-from ..post import db_map_bytes, is_db_map, is_yolo_v8_raw, yolo_v8_top_anchors
+from ..post import db_map_bytes, is_db_map, is_yolo_v8_raw, yolo_v8_device_nms
 from .base import U8Array
 from .gpu_base import GpuEngine, GpuSlot
 from .torch_compile import CompiledForward, use_cache_dir
@@ -94,7 +95,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         # engine.torch.compile: the compiled forward of each input shape, shared by the slots
         self._compiled: dict[tuple[int, ...], CompiledForward] = {}
         # On the device (engine.torch.device_post): a DBNet map is made a byte map, a
-        # YOLO v8/v11 output is cut to its best anchors.
+        # YOLO v8/v11 output is NMS'd (its best anchors, each marked kept or not).
         self._db_threshold: float | None = None
         self._yolo_candidates: int | None = None
 
@@ -213,7 +214,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
             return [db_map_bytes(self._torch, outputs[0], t)]
         k = self._yolo_candidates
         if k is not None and is_yolo_v8_raw(shapes):
-            return [yolo_v8_top_anchors(self._torch, outputs[0], k)]
+            return yolo_v8_device_nms(self._torch, outputs[0], k, self.config.model.nms_iou)
         return outputs
 
     def _compile(self, shape: tuple[int, ...]) -> None:

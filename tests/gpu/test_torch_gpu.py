@@ -16,12 +16,14 @@ from edge_vision.engines import create_engine
 from edge_vision.infer import InferenceService
 from edge_vision.models import ModelSpec
 from edge_vision.pipeline import FramePipeline, FrameSettings
-from edge_vision.post import db_map_levels
+from edge_vision.post import NMS_UNDECIDED, YoloV8Head, db_map_levels, yolo_v8_device_nms
 from edge_vision.receive import FrameMessage
+from edge_vision.shape import Letterbox
 
 from ..support.assertions import assert_same_boxes, iou
 from ..support.images import text_scene
 from ..support.server import make_config
+from ..support.yolo import yolo_v8_output
 
 
 def _gpu_config(backend: str, **engine: Any) -> Config:
@@ -241,3 +243,37 @@ async def test_compiled_engine_is_captured_and_matches_the_interpreter_on_the_gp
     err = _rel(got, ref)
     print(f"{backend} compiled against the interpreter: relative error {err:.2e}")
     assert got.shape == ref.shape and err <= 5e-3
+
+
+def test_yolo_device_nms_is_captured_in_a_cuda_graph_and_gives_the_host_s_detections() -> None:
+    """post.yolo_v8_device_nms as the torch engine runs it (engine.torch.device_post):
+    captured in a CUDA graph on the GPU, replayed on outputs copied into its static input,
+    and the v8 head reads from what comes back the detections it finds in the whole raw
+    output on the host (synthetic YOLO v8 outputs: no YOLO weights exist here)."""
+    import torch
+
+    rng = np.random.default_rng(5)
+    raws = [yolo_v8_output(rng, objects=40, batch=4) for _ in range(3)]
+    dev = torch.device("cuda:0")
+    static = torch.zeros(raws[0].shape, dtype=torch.float32, device=dev)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        yolo_v8_device_nms(torch, static, 1024, 0.45)  # warm-up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            outputs = yolo_v8_device_nms(torch, static, 1024, 0.45)
+    head = YoloV8Head()
+    lb = Letterbox(640, 640, 640, 640, 640, 640, 0, 0)
+    found = 0
+    for raw in raws:  # the same graph, replayed on each batch
+        static.copy_(torch.from_numpy(raw))
+        graph.replay()
+        dets, state = (o.cpu().numpy() for o in outputs)
+        assert not (state == NMS_UNDECIDED).any()
+        for b in range(len(raw)):
+            want = head.decode([raw[b]], lb, 0.25)
+            got = head.decode([dets[b], state[b]], lb, 0.25)
+            assert len(got) == len(want)
+            np.testing.assert_allclose(got, want, atol=1e-3)  # best first, both
+            found += len(want)
+    assert found >= 300
