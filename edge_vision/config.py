@@ -284,7 +284,7 @@ class TorchConfig(EngineSection):
         "(post.DB_MAP_BYTES): 4x less to copy back and no threshold pass on the host; box "
         "scores stay within 0.003 of the float map's. A YOLO v8/v11 raw output comes back "
         "NMS'd: its yolo_candidates best-scoring anchors, each marked kept or suppressed "
-        "(post.yolo_v8_device_nms; 28 bytes an anchor instead of 336 at 80 classes, and no "
+        "(post.yolo_v8_device_nms; 25 bytes an anchor instead of 336 at 80 classes, and no "
         "NMS on the host): the same detections while no more anchors than that reach the "
         "confidence threshold. "
         "false: the model's outputs come back whole.",

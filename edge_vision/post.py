@@ -471,7 +471,7 @@ def yolo_v8_device_nms(
        settle is marked undecided and the host runs greedy NMS on its candidates.
 
     Returns ``[dets [B, k, 6] float32 (x1, y1, x2, y2, score, class; highest first),
-    state [B, k] uint8 (NMS_SUPPRESSED / NMS_KEPT / NMS_UNDECIDED)]``: 28 bytes a
+    state [B, k] uint8 (NMS_SUPPRESSED / NMS_KEPT / NMS_UNDECIDED)]``: 25 bytes a
     candidate instead of ``4 * (4 + nc)`` (336 at 80 classes), and no NMS on the host.
     The confidence threshold is each session's own, so it is left to the host: a
     candidate under it can only suppress lower-scoring ones, under it too, so filtering
