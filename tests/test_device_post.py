@@ -10,13 +10,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 from edge_vision.bench.sizes import TEXT_PHOTOS, our_input, photo_frame
+from edge_vision.bench.yolo_post import yolo_v8_output
 from edge_vision.models import ModelSpec
 from edge_vision.post import (
     NMS_KEPT,
@@ -30,8 +33,6 @@ from edge_vision.post import (
     yolo_v8_device_nms,
 )
 from edge_vision.shape import Letterbox
-
-from .support.yolo import yolo_v8_output
 
 torch = pytest.importorskip(
     "torch",
@@ -156,3 +157,19 @@ def test_class_aware_nms_never_lets_one_class_suppress_another() -> None:
     scores = np.array([0.9, 0.8, 0.7], np.float32)
     assert nms(boxes, scores, 0.5).tolist() == [0]
     assert nms(boxes, scores, 0.5, np.array([0, 1, 0], np.float32)).tolist() == [0, 1]
+
+
+def test_the_yolo_post_bench_reads_the_same_detections_from_every_form(tmp_path: Path) -> None:
+    """``python -m edge_vision.bench.yolo_post``: the host's v8 head on the whole output,
+    on its best 1,024 anchors and on the device NMS's candidates finds the same detections
+    when fewer anchors than that reach the threshold, and says how many bytes each form
+    brings back (the device form ~110x fewer than the whole output)."""
+    from edge_vision.bench.yolo_post import main
+
+    out = tmp_path / "yolo.json"
+    assert main(["--objects", "20", "--frames", "3", "--rounds", "1", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["objects"]["20"]
+    assert row["same_detections"] == {"top": True, "device": True}
+    assert row["detections_per_frame"] >= 10 and row["device_undecided_frames"] == 0
+    assert row["raw"]["bytes_back"] == 84 * 8400 * 4 and row["device"]["bytes_back"] == 1024 * 25
+    assert all(row[f]["frames"] == 3 and row[f]["cpu_median_ms"] > 0 for f in ("raw", "device"))

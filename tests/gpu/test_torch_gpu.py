@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edge_vision.bench.yolo_post import yolo_v8_output
 from edge_vision.config import Config
 from edge_vision.engines import create_engine
 from edge_vision.infer import InferenceService
@@ -23,7 +24,6 @@ from edge_vision.shape import Letterbox
 from ..support.assertions import assert_same_boxes, iou
 from ..support.images import text_scene
 from ..support.server import make_config
-from ..support.yolo import yolo_v8_output
 
 
 def _gpu_config(backend: str, **engine: Any) -> Config:
