@@ -7,6 +7,7 @@ machine; this checks the converter and the engine contract everywhere torch is i
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from pathlib import Path
 
@@ -132,11 +133,19 @@ async def test_compiled_torch_engine_gives_the_interpreter_s_outputs(
         engine = create_engine("torch", spec, cfg)
         await engine.start()
         try:
+            if mode == "default":
+                # inductor's compile worker pool, which a GPU's Triton compiles start (its
+                # C++ compiles on the CPU here run in this process): it must not outlive
+                # the warm-up
+                await asyncio.to_thread(_start_compile_workers)
+                assert await asyncio.to_thread(_compile_workers)
             await engine.prepare([(96, 160)])
             outputs[mode] = [(await engine.infer([f]))[0] for f in frames]
             outputs[mode + "-other"] = (await engine.infer([other]))[0]
             if mode == "default":
                 assert engine.describe()["compiled_shapes"] == 1
+                left = await asyncio.to_thread(_compile_workers)
+                assert left == [], left
         finally:
             await engine.close()
     for got, ref in zip(outputs["default"], outputs["off"], strict=True):
@@ -145,6 +154,38 @@ async def test_compiled_torch_engine_gives_the_interpreter_s_outputs(
     assert np.array_equal(outputs["default-other"], outputs["off-other"])  # the interpreter
     kept = await asyncio.to_thread(lambda: any((tmp_path / "cache").rglob("*")))
     assert kept, "inductor kept nothing on disk"
+
+
+def _start_compile_workers() -> None:
+    from torch._inductor.async_compile import AsyncCompile
+
+    AsyncCompile.process_pool()
+
+
+def _compile_workers() -> list[str]:
+    """The command lines of inductor's compile worker processes that are this process's
+    children or grandchildren (its pool runs them under one subprocess)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if "compile_worker" in cmd and os.getpid() in _ancestors(proc.name):
+            found.append(cmd)
+    return found
+
+
+def _ancestors(pid: str) -> list[int]:
+    out: list[int] = []
+    while pid.isdigit() and pid != "1" and len(out) < 16:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = stat.rsplit(")", 1)[1].split()[1]
+        out.append(int(pid))
+    return out
 
 
 def test_a_shape_that_cannot_be_compiled_runs_uncompiled_and_says_so(

@@ -41,7 +41,7 @@ from ..models import ModelSpec
 from ..post import db_map_bytes, is_db_map, is_yolo_v8_raw, yolo_v8_device_nms
 from .base import U8Array
 from .gpu_base import GpuEngine, GpuSlot
-from .torch_compile import CompiledForward, use_cache_dir
+from .torch_compile import CompiledForward, release_compile_workers, use_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +187,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
             for b in buckets:
                 for h, w in shapes:
                     await loop.run_in_executor(self._launcher, self._compile, (b, h, w, 3))
+            await loop.run_in_executor(self._launcher, release_compile_workers)
         if not self.cuda or not self.tcfg.cuda_graphs:
             return
         todo = [(s, b, h, w) for s in self._all_slots for b in buckets for h, w in shapes]

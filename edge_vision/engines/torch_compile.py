@@ -49,6 +49,21 @@ def use_cache_dir(path: Path) -> None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path.resolve())
 
 
+def release_compile_workers() -> None:
+    """Let inductor's compile worker processes go. Inductor compiles in a pool of worker
+    processes (``TORCHINDUCTOR_COMPILE_THREADS`` of them) and keeps the pool, idle, after
+    the compiles end; everything here compiles in the engine's warm-up, so the pool is
+    shut down when that ends. On the H200, 12 compiled engine workers at 64 cameras held
+    49 GB more resident memory (theirs and their children's) in the run's first 30 s than
+    after it (docs/benchmarks.md); idle pools of 4 compile workers each are the likely
+    holder (not proven there). A later warm-up that compiles starts a new pool."""
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+    except ImportError:  # a torch without it keeps its pool
+        return
+    shutdown_compile_workers()
+
+
 def flat_graph(torch: Any, forward: Callable[[Any], Any], example: Any) -> Any:
     """``forward`` traced once with the real ``example`` input into a flat FX graph of aten
     operators (``torch.fx.GraphModule``), valid for inputs of the example's shape, dtype
