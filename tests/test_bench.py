@@ -78,6 +78,13 @@ def test_bench_compares_ours_with_the_engine_ceiling_and_the_baseline(tmp_path: 
     assert "by thread: ort" in r["_stdout"] and "cores busy" in r["_stdout"]
     assert r["engine_only"]["rows"][0]["serial"]["frames_per_s"] > 0
     assert "engine ceiling" in r["_stdout"] and "baseline p99" in r["_stdout"]
+    # The push: the most cameras that stayed >= 95 % answered, as a share of the ceiling
+    # of this same run (two polite cameras on this machine are answered in full).
+    assert ours["answered"] >= 0.95 * ours["sent"], ours
+    push = r["ratios"]["push"]
+    assert push["cameras"] == 2 and "push: 2 cameras" in r["_stdout"]
+    ceiling = max(row["pipelined"]["frames_per_s"] for row in r["engine_only"]["rows"])
+    assert push["fraction_of_ceiling"] == pytest.approx(ours["answered_per_s"] / ceiling)
     assert {"results.json", "latency_cdf.png", "throughput_p99_vs_cameras.png"} <= set(r["_files"])
 
 
