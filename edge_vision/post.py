@@ -462,7 +462,8 @@ def yolo_v8_device_nms(
        out scores below every anchor kept, so the detections are the host's whenever at
        most ``k`` anchors reach the confidence threshold);
     2. their boxes as x1, y1, x2, y2, and which earlier candidate of the same class
-       overlaps which later one by more than ``iou_threshold`` (``[B, k, k]``);
+       overlaps which later one by more than ``iou_threshold`` (``[B, k, k]``, made a
+       frame at a time to bound the graph's memory);
     3. greedy NMS as a fixed point (Zheng et al., "Enhancing Geometric Factors in Model
        Learning and Inference", 2021, Cluster-NMS): ``keep[j]`` = no kept earlier
        candidate overlaps ``j``. Starting from all kept, each round applies that rule to
@@ -485,18 +486,12 @@ def yolo_v8_device_nms(
     xywh = raw[:, :4, :].gather(2, top.indices.unsqueeze(1).expand(b, 4, k)).transpose(1, 2)
     half = xywh[..., 2:] / 2
     boxes = torch.cat([xywh[..., :2] - half, xywh[..., :2] + half], dim=2)
-    x1, y1, x2, y2 = (c.unsqueeze(2) for c in boxes.unbind(2))  # [B, k, 1] each
-    area = (x2 - x1).clamp(min=0) * (y2 - y1).clamp(min=0)
-
-    def overlap(lo: Any, hi: Any) -> Any:  # [B, k, k]: each pair's overlap along one axis
-        end, start = torch.minimum(hi, hi.transpose(1, 2)), torch.maximum(lo, lo.transpose(1, 2))
-        return (end - start).clamp_(min=0)
-
-    inter = overlap(x1, x2).mul_(overlap(y1, y2))
-    union = (area + area.transpose(1, 2)).sub_(inter).clamp_(min=1e-9)
-    over = inter.div_(union) > iou_threshold  # as nms() on the host: IoU above suppresses
-    over &= classes.unsqueeze(2) == classes.unsqueeze(1)
-    over &= torch.ones(k, k, dtype=torch.bool, device=raw.device).triu(1)  # earlier on later
+    # Which candidate suppresses which, a frame at a time: the float pairs of one frame are
+    # [k, k] (4 MB at k = 1,024), not the batch's 16x that, in the graph's memory pool.
+    later = torch.ones(k, k, dtype=torch.bool, device=raw.device).triu(1)
+    over = torch.stack(
+        [_suppresses(torch, boxes[i], classes[i], iou_threshold) & later for i in range(b)]
+    )
     keep = torch.ones(b, k, dtype=torch.bool, device=raw.device)
     before = keep
     for _ in range(rounds):
@@ -506,6 +501,21 @@ def yolo_v8_device_nms(
     state = torch.where(settled, keep.to(torch.uint8), undecided)
     dets = torch.cat([boxes, scores.unsqueeze(2), classes.unsqueeze(2)], dim=2)
     return [dets, state]
+
+
+def _suppresses(torch: Any, boxes: Any, classes: Any, iou_threshold: float) -> Any:
+    """``[k, k]`` bool: candidates ``i`` and ``j`` (x1, y1, x2, y2 ``[k, 4]``) are of one
+    class and overlap by more than ``iou_threshold``, as :func:`nms` on the host decides."""
+    x1, y1, x2, y2 = (c.unsqueeze(1) for c in boxes.unbind(1))  # [k, 1] each
+    area = (x2 - x1).clamp(min=0) * (y2 - y1).clamp(min=0)
+
+    def overlap(lo: Any, hi: Any) -> Any:  # [k, k]: each pair's overlap along one axis
+        return (torch.minimum(hi, hi.T) - torch.maximum(lo, lo.T)).clamp_(min=0)
+
+    inter = overlap(x1, x2).mul_(overlap(y1, y2))
+    union = (area + area.T).sub_(inter).clamp_(min=1e-9)
+    over = inter.div_(union) > iou_threshold
+    return over & (classes.unsqueeze(1) == classes.unsqueeze(0))
 
 
 def is_device_nms(outputs: Sequence[Any]) -> bool:
