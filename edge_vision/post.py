@@ -364,7 +364,12 @@ class YoloV8Head:
     name: str = "yolo_v8"
 
     def decode(self, outputs: Sequence[np.ndarray], lb: Letterbox, confidence: float) -> F32Array:
-        if is_device_nms(outputs):
+        if len(outputs) == 2:
+            if not is_device_nms(outputs):
+                raise ModelError(
+                    "a YOLO v8 head got two outputs that are not the device NMS's "
+                    f"(shapes {[tuple(np.shape(o)) for o in outputs]}); set model.head"
+                )
             return decode_device_nms(outputs, lb, confidence, self.nms_iou, self.max_detections)
         pred = np.asarray(outputs[0], np.float32)
         cls_scores = pred[4:]
@@ -458,7 +463,8 @@ def yolo_v8_device_nms(
     """A YOLO v8/v11 raw output ``[B, 4 + nc, A]`` NMS'd on the device, inside the torch
     engine's captured graph (``engine.torch.device_post``; static shapes, no host sync):
 
-    1. the ``k`` anchors with the highest class score, highest first (every anchor left
+    1. the ``k`` anchors with the highest class score, highest first, ties in anchor
+       order (every anchor left
        out scores below every anchor kept, so the detections are the host's whenever at
        most ``k`` anchors reach the confidence threshold);
     2. their boxes as x1, y1, x2, y2, and which earlier candidate of the same class
@@ -478,12 +484,18 @@ def yolo_v8_device_nms(
     candidate under it can only suppress lower-scoring ones, under it too, so filtering
     after NMS keeps what filtering before it would. ``torch``: the module, passed in, so
     this module imports no torch."""
+    if rounds < 1:
+        raise ValueError(f"device NMS needs at least one round, not {rounds}")
     b, _, a = raw.shape
     k = min(k, a)
     scores, classes = raw[:, 4:, :].max(dim=1)
-    top = scores.topk(k, dim=1)
-    scores, classes = top.values, classes.gather(1, top.indices).to(raw.dtype)
-    xywh = raw[:, :4, :].gather(2, top.indices.unsqueeze(1).expand(b, 4, k)).transpose(1, 2)
+    # Highest first, ties in anchor order as the host's stable sort has them (topk leaves
+    # ties in any order, and FP16 scores tie often): which of two tied, overlapping boxes
+    # is kept is then the host's choice too.
+    scores, index = scores.sort(dim=1, descending=True, stable=True)
+    scores, index = scores[:, :k], index[:, :k]
+    classes = classes.gather(1, index).to(raw.dtype)
+    xywh = raw[:, :4, :].gather(2, index.unsqueeze(1).expand(b, 4, k)).transpose(1, 2)
     half = xywh[..., 2:] / 2
     boxes = torch.cat([xywh[..., :2] - half, xywh[..., :2] + half], dim=2)
     # Which candidate suppresses which, a frame at a time: the float pairs of one frame are
@@ -519,12 +531,18 @@ def _suppresses(torch: Any, boxes: Any, classes: Any, iou_threshold: float) -> A
 
 
 def is_device_nms(outputs: Sequence[Any]) -> bool:
-    """One frame's outputs from :func:`yolo_v8_device_nms` (or their batch-first shapes):
-    candidates ``[..., k, 6]`` and a state ``[..., k]`` a candidate."""
+    """Outputs from :func:`yolo_v8_device_nms`: candidates ``[B, k, 6]`` and a state
+    ``[B, k]`` (batch-first shapes, as the head is chosen from), or one frame's arrays
+    ``[k, 6]`` float and ``[k]`` uint8."""
     if len(outputs) != 2:
         return False
-    dets, state = (tuple(getattr(o, "shape", o)) for o in outputs)
-    return len(dets) >= 2 and dets[-1] == 6 and state == dets[:-1]
+    if all(hasattr(o, "dtype") for o in outputs):  # one frame's arrays
+        dets, state = outputs
+        return (
+            dets.ndim == 2 and dets.shape[1] == 6 and state.shape == dets.shape[:1]
+        ) and np.dtype(state.dtype) == np.uint8
+    d, st = (tuple(o) for o in outputs)
+    return len(d) == 3 and d[-1] == 6 and st == d[:-1]
 
 
 def decode_device_nms(

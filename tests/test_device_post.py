@@ -20,6 +20,7 @@ import pytest
 
 from edge_vision.bench.sizes import TEXT_PHOTOS, our_input, photo_frame
 from edge_vision.bench.yolo_post import yolo_v8_output
+from edge_vision.errors import ModelError
 from edge_vision.models import ModelSpec
 from edge_vision.post import (
     NMS_KEPT,
@@ -173,3 +174,30 @@ def test_the_yolo_post_bench_reads_the_same_detections_from_every_form(tmp_path:
     assert row["detections_per_frame"] >= 10 and row["device_undecided_frames"] == 0
     assert row["raw"]["bytes_back"] == 84 * 8400 * 4 and row["device"]["bytes_back"] == 1024 * 25
     assert all(row[f]["frames"] == 3 and row[f]["cpu_median_ms"] > 0 for f in ("raw", "device"))
+
+
+def test_tied_fp16_scores_keep_the_box_the_host_keeps_synthetic_yolo_v8() -> None:
+    """An FP16 engine's scores tie often (about 5e-4 apart near 1): of two tied,
+    overlapping boxes of one class the device keeps the one the host keeps (the lower
+    anchor, as a stable sort orders them), in every frame."""
+    rng = np.random.default_rng(21)
+    raw = yolo_v8_output(rng, objects=60, batch=40).astype(np.float16).astype(np.float32)
+    dets, state = (o.numpy() for o in yolo_v8_device_nms(torch, torch.from_numpy(raw), 1024, 0.45))
+    head = YoloV8Head()
+    lb = Letterbox(640, 640, 640, 640, 640, 640, 0, 0)
+    for b in range(len(raw)):
+        want = head.decode([raw[b]], lb, 0.25)
+        got = head.decode([dets[b], state[b]], lb, 0.25)
+        np.testing.assert_array_equal(_sorted(got), _sorted(want), err_msg=f"frame {b}")
+
+
+def test_the_device_nms_refuses_no_rounds_and_the_v8_head_two_foreign_outputs() -> None:
+    """Zero rounds would mark every candidate settled and kept: refused. Two outputs that
+    are not the device NMS's (a float second output) get a clear error, not boxes."""
+    raw = torch.zeros((1, 84, 2000))
+    with pytest.raises(ValueError, match="at least one round"):
+        yolo_v8_device_nms(torch, raw, 1024, 0.45, rounds=0)
+    lb = Letterbox(640, 640, 640, 640, 640, 640, 0, 0)
+    foreign = [np.zeros((100, 6), np.float32), np.zeros(100, np.float32)]
+    with pytest.raises(ModelError, match="not the device NMS"):
+        YoloV8Head().decode(foreign, lb, 0.5)

@@ -51,17 +51,22 @@ def use_cache_dir(path: Path) -> None:
 
 def release_compile_workers() -> None:
     """Let inductor's compile worker processes go. Inductor compiles in a pool of worker
-    processes (``TORCHINDUCTOR_COMPILE_THREADS`` of them) and keeps the pool, idle, after
-    the compiles end; everything here compiles in the engine's warm-up, so the pool is
-    shut down when that ends. On the H200, 12 compiled engine workers at 64 cameras held
-    49 GB more resident memory (theirs and their children's) in the run's first 30 s than
-    after it (docs/benchmarks.md); idle pools of 4 compile workers each are the likely
-    holder (not proven there). A later warm-up that compiles starts a new pool."""
+    processes (``TORCHINDUCTOR_COMPILE_THREADS`` of them) and keeps the pool after the
+    compiles end, until it has idled a while (60 s in torch 2.13's default); everything
+    here compiles in the engine's warm-up, so the pool is shut down when that ends. On the
+    H200, 12 compiled engine workers at 64 cameras held about 48 GiB more resident memory
+    (theirs and their children's) in the run's first 33 s than after it
+    (docs/benchmarks.md), most likely those idle pools. A later warm-up that compiles
+    starts a new pool. A pool that will not shut down is logged, not raised: serving does
+    not depend on it."""
     try:
         from torch._inductor.async_compile import shutdown_compile_workers
     except ImportError:  # a torch without it keeps its pool
         return
-    shutdown_compile_workers()
+    try:
+        shutdown_compile_workers()
+    except Exception as e:  # noqa: BLE001 - a stuck pool costs memory, not frames
+        log.warning("inductor's compile workers did not shut down: %s", e)
 
 
 def flat_graph(torch: Any, forward: Callable[[Any], Any], example: Any) -> Any:
