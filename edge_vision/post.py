@@ -538,9 +538,8 @@ def is_device_nms(outputs: Sequence[Any]) -> bool:
         return False
     if all(hasattr(o, "dtype") for o in outputs):  # one frame's arrays
         dets, state = outputs
-        return (
-            dets.ndim == 2 and dets.shape[1] == 6 and state.shape == dets.shape[:1]
-        ) and np.dtype(state.dtype) == np.uint8
+        shapes_fit = dets.ndim == 2 and dets.shape[1] == 6 and state.shape == dets.shape[:1]
+        return bool(shapes_fit and np.dtype(state.dtype) == np.uint8)
     d, st = (tuple(o) for o in outputs)
     return len(d) == 3 and d[-1] == 6 and st == d[:-1]
 
