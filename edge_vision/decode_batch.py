@@ -67,7 +67,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -78,7 +78,7 @@ import numpy.typing as npt
 from .decode import Allocator, BufferPool, ImageHeader, numpy_allocator
 from .errors import ClientError, ConfigError
 from .shape import Letterbox, area_taps
-from .threads import name_native
+from .threads import role_pool
 
 log = logging.getLogger(__name__)
 
@@ -729,9 +729,7 @@ class DecodeBatcher:
         # A device call holds its thread while the GPU works (it waits for its stream):
         # a thread per call in flight of its own, so that post-processing and host decodes
         # in the shared pool never queue behind GPU waits (threads start with the first).
-        self._device_threads = ThreadPoolExecutor(
-            in_flight, thread_name_prefix="gpu-decode", initializer=name_native
-        )
+        self._device_threads = role_pool(in_flight, "gpu-decode")
         self.batches = 0  # device calls made (tests and logs read these)
         self.batched_frames = 0
 

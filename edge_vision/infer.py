@@ -35,7 +35,7 @@ from .metrics import Metrics
 from .models import ModelSpec
 from .post import Head
 from .supervisor import EngineFactory, EngineStatus, EngineSupervisor
-from .threads import name_native
+from .threads import role_pool
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +144,7 @@ class InferenceService:
     async def start(self) -> None:
         if self._post is None:
             threads = max(2, self.config.engine.in_flight)
-            self._post = ThreadPoolExecutor(
-                threads, thread_name_prefix="post", initializer=name_native
-            )
+            self._post = role_pool(threads, "post")
         await self.supervisor.start()
 
     async def close(self) -> None:

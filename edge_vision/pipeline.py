@@ -67,7 +67,7 @@ from .receive import FrameMessage, decode_base64
 from .results import FrameResult as FrameResult  # re-exported: the pipeline's product
 from .settings import FrameSettings as FrameSettings  # re-exported: what it runs with
 from .shape import Letterbox, letterbox_into, plan_for_frame
-from .threads import name_native, opencv_threads
+from .threads import opencv_threads, role_pool
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,7 @@ class FramePipeline:
         self.pool = pool or BufferPool(budget=self.budget)
         self._housekeeping: asyncio.Task[None] | None = None
         self._own_executor = executor is None
-        self.executor = executor or ThreadPoolExecutor(
-            worker_count(config.decode.workers), thread_name_prefix="frame", initializer=name_native
-        )
+        self.executor = executor or role_pool(worker_count(config.decode.workers), "frame")
         # Host decode is one worker job a frame; with decode.device cuda and a CUDA engine
         # active, JPEGs are decoded in batches on the GPU (edge_vision.decode_batch).
         d = config.decode

@@ -69,7 +69,7 @@ import numpy.typing as npt
 from .config import Config
 from .errors import ClientError, EngineError, ModelError
 from .models import rapidocr_model
-from .threads import name_native
+from .threads import role_pool
 from .track import Tracker, TrackerSettings
 
 log = logging.getLogger(__name__)
@@ -523,9 +523,7 @@ class ReadStage:
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                1, thread_name_prefix="read", initializer=name_native
-            )
+            self._executor = role_pool(1, "read")
         return self._executor
 
     async def reader(self) -> TextReader:

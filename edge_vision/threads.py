@@ -2,8 +2,9 @@
 
 Python names its threads (``post_0``, ``gpu-decode_1``) but, before 3.14, leaves the
 kernel's name (``/proc/<pid>/task/<tid>/comm``, what ``top -H``, ``ps -L`` and ``perf``
-show) as the process's. Each thread pool of the frame path passes :func:`name_native`
-as its initializer, so an operator sees which stage takes a core, and ``edge-vision
+show) as the process's. Each thread pool of the frame path is a :func:`role_pool`, whose
+threads pass their name on with :func:`name_native`, so an operator sees which stage
+takes a core, and ``edge-vision
 bench`` reports the server's CPU by role (:func:`role_of`). Threads that native code
 starts (CUDA's, a decoder library's) inherit the name of the thread that started them.
 
@@ -17,6 +18,7 @@ import ctypes
 import ctypes.util
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
@@ -49,6 +51,11 @@ def name_native(name: str | None = None) -> bool:
         return False
     text = (name or threading.current_thread().name).encode("utf-8", "replace")[:NAME_BYTES]
     return bool(fn(_PR_SET_NAME, text, 0, 0, 0) == 0)
+
+
+def role_pool(workers: int, role: str) -> ThreadPoolExecutor:
+    """A thread pool whose threads are named ``<role>_<n>`` for Python and the OS alike."""
+    return ThreadPoolExecutor(workers, thread_name_prefix=role, initializer=name_native)
 
 
 def role_of(os_name: str) -> str:

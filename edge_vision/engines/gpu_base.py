@@ -43,7 +43,7 @@ from ..decode import Allocator
 from ..decode_batch import DeviceFrame, wait_ready
 from ..errors import EngineError
 from ..models import ModelSpec
-from ..threads import name_native
+from ..threads import role_pool
 from .base import Engine, SlotPool, U8Array
 
 
@@ -97,16 +97,10 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
     # -- start ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._launcher = ThreadPoolExecutor(
-            1, thread_name_prefix=f"{self.thread_prefix}-launch", initializer=name_native
-        )
+        self._launcher = role_pool(1, f"{self.thread_prefix}-launch")
         # Importing torch or TensorRT reads hundreds of files: never on the event loop.
         await asyncio.get_running_loop().run_in_executor(self._launcher, self._start_sync)
-        self._runner = ThreadPoolExecutor(
-            max(1, len(self._all_slots)),
-            thread_name_prefix=f"{self.thread_prefix}-run",
-            initializer=name_native,
-        )
+        self._runner = role_pool(max(1, len(self._all_slots)), f"{self.thread_prefix}-run")
 
     @abstractmethod
     def _start_sync(self) -> None:

@@ -16,7 +16,7 @@ from ..config import Config
 from ..errors import EngineError
 from ..models import ModelSpec
 from ..shape import normalise_into
-from ..threads import name_native
+from ..threads import role_pool
 from .base import Engine, U8Array
 
 F32Array = npt.NDArray[np.float32]
@@ -48,9 +48,7 @@ class OnnxRuntimeEngine(Engine):
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._executor = ThreadPoolExecutor(
-            self.max_in_flight, thread_name_prefix="ort", initializer=name_native
-        )
+        self._executor = role_pool(self.max_in_flight, "ort")
         loop = asyncio.get_running_loop()
         try:
             self._session = await loop.run_in_executor(

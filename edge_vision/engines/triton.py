@@ -44,7 +44,7 @@ from ..errors import ConfigError, EngineError, EngineMismatch, EngineUnavailable
 from ..metrics import LATENCY_BUCKETS, Metrics
 from ..models import ModelSpec
 from ..shape import InputLimits, normalise_into
-from ..threads import name_native
+from ..threads import role_pool
 from .base import Engine, U8Array
 
 log = logging.getLogger(__name__)
@@ -419,9 +419,7 @@ class TritonEngine(Engine):
                 "engine.triton.cuda_shared_memory: true is not supported yet; tensors go in "
                 "the gRPC messages (set it to false)"
             )
-        self._executor = ThreadPoolExecutor(
-            self.max_in_flight, thread_name_prefix="triton", initializer=name_native
-        )
+        self._executor = role_pool(self.max_in_flight, "triton")
         self._grpc = await self._connect()
         stub, timeout = self._grpc.stub, self._call_timeout()
         name, version, where = self.triton.model_name, self.triton.model_version, self.triton.url

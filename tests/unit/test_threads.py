@@ -4,11 +4,10 @@ bench's CPU-by-role table read."""
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from edge_vision.bench.load import cpu_by_role, thread_cpu_seconds
-from edge_vision.threads import name_native, role_of
+from edge_vision.threads import role_of, role_pool
 
 
 def _os_name() -> str:
@@ -16,7 +15,7 @@ def _os_name() -> str:
 
 
 def test_a_pool_thread_shows_its_python_name_to_the_os_and_its_role_to_the_bench() -> None:
-    with ThreadPoolExecutor(2, thread_name_prefix="gpu-decode", initializer=name_native) as pool:
+    with role_pool(2, "gpu-decode") as pool:
         names = {pool.submit(_os_name).result() for _ in range(8)}
         role_cpu = cpu_by_role({}, thread_cpu_seconds(__import__("os").getpid()))
     assert names <= {"gpu-decode_0", "gpu-decode_1"} and names, names
@@ -25,8 +24,6 @@ def test_a_pool_thread_shows_its_python_name_to_the_os_and_its_role_to_the_bench
 
 
 def test_a_long_name_is_cut_to_what_the_kernel_keeps() -> None:
-    with ThreadPoolExecutor(
-        1, thread_name_prefix="a-very-long-thread-role", initializer=name_native
-    ) as pool:
+    with role_pool(1, "a-very-long-thread-role") as pool:
         assert pool.submit(_os_name).result() == "a-very-long-thr"
     assert role_of("torch-run_12") == "torch-run" and role_of("loop") == "loop"
