@@ -554,11 +554,9 @@ def decode_device_nms(
     state = np.asarray(outputs[1]).reshape(-1)
     confident = dets[:, 4] >= confidence
     if (state == NMS_UNDECIDED).any():
-        dets = dets[confident]
-        dets = dets[batched_nms(dets[:, :4], dets[:, 4], dets[:, 5], iou)]
-    else:
-        dets = dets[confident & (state == NMS_KEPT)]
-    return _finish(dets, lb, max_det)
+        d = dets[confident]
+        return _nms_detections(d[:, :4], d[:, 4], d[:, 5], iou, lb, max_det)
+    return _finish(dets[confident & (state == NMS_KEPT)], lb, max_det)
 
 
 def pick_head_name(output_shapes: Sequence[tuple[int, ...]]) -> str:
