@@ -21,6 +21,10 @@ from . import __doc__ as _DOC
 log = logging.getLogger(__name__)
 
 
+#: How long a bench's server may take to become ready (``--server-ready-s``).
+SERVER_READY_S = 300.0
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "bench",
@@ -65,7 +69,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--server-ready-s",
         type=float,
-        default=300.0,
+        default=SERVER_READY_S,
         help="how long the server may take to warm up (engine.torch.compile takes minutes)",
     )
     p.add_argument("--out", type=Path, help="output folder (default bench-results/<time>)")
@@ -102,7 +106,7 @@ class _Server:
         port: int,
         log_path: Path,
         ready_path: str | None = "/readyz",
-        ready_s: float = 300.0,
+        ready_s: float = SERVER_READY_S,
     ) -> None:
         """``ready_path`` None: ready once the port accepts (a server without /readyz)."""
         self.argv, self.port, self.log_path, self.ready_path = argv, port, log_path, ready_path
