@@ -447,9 +447,8 @@ class EngineConfig(_Section):
         "whole wait while the process has fewer CUDA contexts than the machine has cores "
         "(always, for a worker); blocking, the device's primary context is made with "
         "CU_CTX_SCHED_BLOCKING_SYNC, so a waiting thread sleeps (needs cuda-python). The "
-        "service's own waits already sleep (blocking-sync events). Measured on an H200 at 64 "
-        "cameras with 12 workers (docs/benchmarks.md, 2026-12-02): blocking used 5.15 "
-        "CPU-s per 1,000 frames against auto's 4.83, so auto stays.",
+        "service's own waits already sleep (blocking-sync events). On an H200 at 64 cameras "
+        "blocking saved no CPU (docs/benchmarks.md, 2026-12-02 midday), so auto stays.",
     )
     onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
     torch: TorchConfig = Field(default_factory=TorchConfig)
