@@ -139,13 +139,12 @@ class ServerConfig(_Section):
         ge=1,
         le=256,
         description="Threads OpenCV may use inside one call (cv2.setNumThreads), in each "
-        "worker process. None: 1 while frames are letterboxed on the GPU (decode.device cuda "
-        "with a CUDA engine active), else OpenCV's one per core. Then OpenCV only "
-        "post-processes small maps, where its "
-        "pool took 6x the CPU of one thread for the same time (a DB byte map: 4.6 against "
-        "0.7 ms of CPU, 16 threads against 1; on the H200 the post threads were the "
-        "server's largest CPU user, docs/benchmarks.md). On the 2-core CPU path, where "
-        "OpenCV also letterboxes, 1 answered 15-28 % fewer frames than the default.",
+        "worker process. None: 1 while a CUDA engine serves (frames letterboxed on the GPU "
+        "or the host), else OpenCV's one per core. On the H200 (16 cores) OpenCV's pool "
+        "under each worker's frame threads took 6x the CPU of one thread for the same DB "
+        "post-processing, and with the host letterbox one thread used 21 % less CPU a "
+        "frame and answered 21 % more (docs/benchmarks.md). On the 2-core CPU path "
+        "(ONNX Runtime) 1 answered 15-28 % fewer frames than the default.",
     )
     gil_switch_ms: float | None = Field(
         None,

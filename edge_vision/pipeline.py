@@ -146,11 +146,12 @@ class FramePipeline:
                 )
         if device is not None:
             device.set_staging_allocator(allocator)
-        self._set_opencv_threads(device is not None and engine.accepts_device_frames)
+        cuda = engine.accepts_device_frames
+        self._set_opencv_threads(cuda, letterbox_on_gpu=device is not None and cuda)
 
-    def _set_opencv_threads(self, letterbox_on_gpu: bool) -> None:
-        """OpenCV's threads a call for where frames are letterboxed now (threads.py)."""
-        threads = opencv_threads(self.config.server.opencv_threads, letterbox_on_gpu)
+    def _set_opencv_threads(self, cuda_engine: bool, *, letterbox_on_gpu: bool) -> None:
+        """OpenCV's threads a call for the engine now serving (threads.py)."""
+        threads = opencv_threads(self.config.server.opencv_threads, cuda_engine)
         if threads != self._opencv_threads:
             self._opencv_threads = threads
             cv2.setNumThreads(threads)

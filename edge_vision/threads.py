@@ -64,12 +64,18 @@ def role_of(os_name: str) -> str:
     return re.sub(r"_\d+$", "", os_name)
 
 
-def opencv_threads(explicit: int | None, letterbox_on_gpu: bool) -> int:
+def opencv_threads(explicit: int | None, cuda_engine: bool) -> int:
     """The threads OpenCV may use inside one call (``cv2.setNumThreads``):
-    ``server.opencv_threads`` when set; else 1 while frames are letterboxed on the GPU,
-    where OpenCV only post-processes small maps and its pool of one thread a core took 6x
-    the CPU for the same time (docs/benchmarks.md); else -1, OpenCV's default (one a core),
-    which the host letterbox uses."""
+    ``server.opencv_threads`` when set; else 1 while a CUDA engine serves, else -1,
+    OpenCV's default (one a core).
+
+    On a GPU host each worker process already runs its frames on many threads, and an
+    OpenCV pool of one thread a core under each of them only adds hand-offs. Measured on
+    the H200 (16 cores, docs/benchmarks.md): with frames letterboxed on the GPU, where
+    OpenCV only post-processes small maps, the pool took 6x the CPU for the same time;
+    with the host letterbox (4 workers, 64 cameras), one thread used 21 % less CPU a frame
+    and answered 21 % more frames. On the 2-core CPU path (ONNX Runtime) one thread
+    answered 15-28 % fewer frames, so CPU engines keep OpenCV's default."""
     if explicit is not None:
         return explicit
-    return 1 if letterbox_on_gpu else -1
+    return 1 if cuda_engine else -1

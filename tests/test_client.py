@@ -275,12 +275,12 @@ async def test_a_node_without_a_gpu_keeps_opencv_s_threads_for_its_host_letterbo
 ) -> None:
     """decode.device cuda on a machine with no GPU: frames are letterboxed on the host, so
     OpenCV keeps its pool (1 thread there answered 15-28 % fewer frames on this machine)
-    and frames are served; the single thread is only for frames letterboxed on the GPU."""
+    and frames are served; the single thread is only for a node a CUDA engine serves."""
     log = await _one_frame_from_a_node(tmp_path, "decode.device=cuda")
     assert "OpenCV threads a call: OpenCV's default (frames letterboxed on the host)" in log
-    assert opencv_threads(None, letterbox_on_gpu=True) == 1
-    assert opencv_threads(None, letterbox_on_gpu=False) == -1
-    assert opencv_threads(4, letterbox_on_gpu=True) == 4
+    assert opencv_threads(None, cuda_engine=True) == 1
+    assert opencv_threads(None, cuda_engine=False) == -1
+    assert opencv_threads(4, cuda_engine=True) == 4
 
 
 # -- close reasons from a real server ----------------------------------------------------

@@ -400,25 +400,30 @@ class _MockCudaEngine:
         return None
 
 
-def test_mock_opencv_runs_one_thread_while_frames_are_letterboxed_on_the_gpu(
+def test_mock_opencv_runs_one_thread_while_a_cuda_engine_serves(
     spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """server.opencv_threads unset: a CUDA engine with the device decoder makes OpenCV run
-    one thread a call (it then only post-processes); a fallback to ONNX Runtime gives the
-    host letterbox OpenCV's pool back. A mock CUDA engine and device decoder: no GPU here."""
-    cfg = make_config({"engine": {"kind": "onnxruntime"}, "decode": {"device": "cuda"}})
-    pipeline = FramePipeline(cfg, InferenceService(spec, cfg))
-    device = types.SimpleNamespace(
-        device="cuda:0", library="nvimgcodec", set_staging_allocator=lambda _a: None
-    )
-    monkeypatch.setattr("edge_vision.pipeline.make_device_decoder", lambda *_a, **_k: device)
+    """server.opencv_threads unset: a CUDA engine makes OpenCV run one thread a call,
+    whether frames are letterboxed on the GPU (the device decoder) or on the host
+    (decode.device host); a fallback to ONNX Runtime gives OpenCV its pool back. A mock
+    CUDA engine and device decoder: no GPU here."""
     default = cv2.getNumThreads()
     try:
-        pipeline._engine_changed(_MockCudaEngine())  # type: ignore[arg-type]
-        assert pipeline.decoding.device is device
-        assert cv2.getNumThreads() == 1
-        cpu = types.SimpleNamespace(accepts_device_frames=False, host_allocator=lambda: None)
-        pipeline._engine_changed(cpu)  # type: ignore[arg-type]
-        assert cv2.getNumThreads() == default
+        for where in ("cuda", "host"):
+            cfg = make_config({"engine": {"kind": "onnxruntime"}, "decode": {"device": where}})
+            pipeline = FramePipeline(cfg, InferenceService(spec, cfg))
+            device = types.SimpleNamespace(
+                device="cuda:0", library="nvimgcodec", set_staging_allocator=lambda _a: None
+            )
+            monkeypatch.setattr(
+                "edge_vision.pipeline.make_device_decoder",
+                lambda d, *_a, _dev=device, **_k: _dev if d == "cuda" else None,
+            )
+            pipeline._engine_changed(_MockCudaEngine())  # type: ignore[arg-type]
+            assert (pipeline.decoding.device is device) == (where == "cuda")
+            assert cv2.getNumThreads() == 1, where
+            cpu = types.SimpleNamespace(accepts_device_frames=False, host_allocator=lambda: None)
+            pipeline._engine_changed(cpu)  # type: ignore[arg-type]
+            assert cv2.getNumThreads() == default, where
     finally:
         cv2.setNumThreads(-1)
