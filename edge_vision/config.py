@@ -87,10 +87,20 @@ class ServerConfig(_Section):
         1,
         ge=1,
         le=64,
-        description="Processes serving the port (SO_REUSEPORT), each with its own event loop "
-        "and engine. More than one lifts one Python interpreter's limit on frames per second "
-        "(a fast GPU can serve more than one process can decode and post-process). Sessions "
-        "resume across workers only with a shared state store (state.redis_url).",
+        description="Processes serving the port, each with its own event loop and engine "
+        "(server.worker_balance says how connections reach them). More than one lifts one "
+        "Python interpreter's limit on frames per second (a fast GPU can serve more than "
+        "one process can decode and post-process). Sessions resume across workers only "
+        "with a shared state store (state.redis_url).",
+    )
+    worker_balance: Literal["least-clients", "reuse-port"] = Field(
+        "least-clients",
+        description="With server.workers > 1, how connections are spread over the workers: "
+        "least-clients, the node's main process accepts each and hands it to the worker "
+        "with the fewest clients (among those whose engine is warm); reuse-port, every "
+        "worker listens (SO_REUSEPORT) and the kernel picks by a hash of the client's "
+        "address, which put 2 cameras on one worker and 8 on another at 64 cameras on 12 "
+        "workers (edge_vision/balance.py, docs/benchmarks.md).",
     )
     ping_interval_s: float = Field(
         20.0, gt=0, description="WebSocket ping period (RFC 6455 5.5.2)."

@@ -14,11 +14,12 @@ no trusted proxy could have written (anything to its left the client itself may 
 forged). A peer that is not trusted cannot choose its address by sending the header.
 
 With ``server.workers`` = N each worker process enforces ``ceil(limit / N)`` of every
-limit on its own connections (:meth:`LimitsPolicy.for_workers`). The kernel
-(SO_REUSEPORT) picks the worker of each new connection by a hash of its address pair,
-so the node admits at most ``N * ceil(limit / N)`` per address, per token and in total,
-and one address may be refused a little before the node limit when its connections
-land unevenly (docs/security.md, "Limits with several workers").
+limit on its own connections (:meth:`LimitsPolicy.for_workers`), so the node admits at
+most ``N * ceil(limit / N)`` per address, per token and in total. Connections reach the
+workers evenly by their client counts (``server.worker_balance``, edge_vision/balance.py),
+or by the kernel's hash of the address pair (``reuse-port``), so one address may be
+refused a little before the node limit when its connections land unevenly
+(docs/security.md, "Limits with several workers").
 """
 
 from __future__ import annotations

@@ -541,9 +541,11 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
 def run_server(config: Config) -> None:
     """Serve until SIGINT/SIGTERM, telling systemd READY/WATCHDOG/STATUS/STOPPING.
 
-    With ``server.workers`` > 1, that many processes share the port (SO_REUSEPORT), each
-    with its own event loop and engine, under a parent that speaks for the node: the
-    contract and the supervisor live in edge_vision/workers.py."""
+    With ``server.workers`` > 1, that many processes serve the port, each with its own
+    event loop and engine, under a parent that speaks for the node and hands each new
+    connection to the worker with the fewest clients (``server.worker_balance``): the
+    contract and the supervisor live in edge_vision/workers.py, the hand-over in
+    edge_vision/balance.py."""
     from .workers import run_node
 
     run_node(config)

@@ -32,6 +32,7 @@ import math
 import os
 import queue
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -42,6 +43,7 @@ from aiohttp import web
 
 from . import systemd
 from .aio import cancel_and_wait, with_timeout
+from .balance import HANDED, Balancer, serve_handed
 from .config import Config, ServerConfig
 from .errors import ConfigError
 
@@ -82,6 +84,7 @@ class WorkerBeat:
     problem: str | None  # why the node is degraded or not serving; None when all is well
     clients: int
     answered: float  # frames answered since start (the frames_answered counter)
+    received: int = 0  # connections the main process handed it (server.worker_balance)
 
 
 class NodeMonitor:
@@ -262,6 +265,7 @@ class WorkerReporter:
             problem=problem,
             clients=len(app[CONNECTIONS]),
             answered=answered or 0.0,
+            received=int(app[STATE].get(HANDED, 0)),
         )
 
     async def _beat(self, app: web.Application, on_warm: Callable[[], object] | None) -> None:
@@ -320,6 +324,7 @@ def _serve(
     on_stop: Callable[[], object] | None,
     *,
     reuse_port: bool = False,
+    handed_over: socket.socket | None = None,
     on_warm: Callable[[], object] | None = None,
     workers_warm: Callable[[], bool] | None = None,
 ) -> None:
@@ -337,6 +342,11 @@ def _serve(
             on_stop()
 
         app.on_shutdown.insert(0, say_stopping)  # before frames in flight are awaited
+    loop = new_event_loop(config.server.event_loop)
+    if handed_over is not None:  # the main process accepts (server.worker_balance)
+        shutdown_s = config.server.shutdown_grace_s + 2
+        serve_handed(app, handed_over, loop=loop, shutdown_timeout=shutdown_s)
+        return
     web.run_app(
         app,
         host=config.server.host,
@@ -345,7 +355,7 @@ def _serve(
         shutdown_timeout=config.server.shutdown_grace_s + 2,
         access_log=None,
         reuse_port=reuse_port,
-        loop=new_event_loop(config.server.event_loop),
+        loop=loop,
     )
 
 
@@ -387,7 +397,12 @@ def _tune_process(server: ServerConfig) -> None:
 
 
 def _worker_main(
-    config_json: str, index: int, warm: Sequence[Any], beats: Any, beat_s: float
+    config_json: str,
+    index: int,
+    warm: Sequence[Any],
+    beats: Any,
+    beat_s: float,
+    handed_over: socket.socket | None = None,
 ) -> None:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s %(levelname)s w{index} %(name)s: %(message)s"
@@ -405,7 +420,8 @@ def _worker_main(
         config,
         WorkerReporter(index, emit, beat_s),
         None,
-        reuse_port=True,
+        reuse_port=handed_over is None,
+        handed_over=handed_over,
         on_warm=warm[index].set,
         workers_warm=lambda: all(e.is_set() for e in warm),
     )
@@ -422,18 +438,34 @@ def _run_workers(config: Config) -> None:
     n = config.server.workers
     warm = [ctx.Event() for _ in range(n)]
     beats: Any = ctx.Queue()
+    # server.worker_balance least-clients: this process listens and hands each
+    # connection to the worker with the fewest clients (edge_vision/balance.py).
+    balancer = None
+    if config.server.worker_balance == "least-clients":
+        balancer = Balancer(config.server.host, config.server.port, n)
+    ends: list[socket.socket | None] = list(balancer.worker_ends) if balancer else [None] * n
     procs = [
         ctx.Process(
             target=_worker_main,
-            args=(config.model_dump_json(), i, warm, beats, beat_s),
+            args=(config.model_dump_json(), i, warm, beats, beat_s, ends[i]),
             name=f"w{i}",
         )
         for i in range(n)
     ]
     for p in procs:
         p.start()
+    for end in ends:  # each worker holds its own copy now
+        if end is not None:
+            end.close()
     log.info("workers started: %s", ", ".join(f"w{i} pid {p.pid}" for i, p in enumerate(procs)))
+    if balancer is not None:
+        balancer.start(lambda i: warm[i].is_set())
+        log.info("connections go to the worker with the fewest clients (server.worker_balance)")
     notifier = NodeNotifier(n, watchdog)
+
+    def stop_accepting() -> None:
+        if balancer is not None:
+            balancer.close()
 
     def forward(signum: int) -> None:
         for p in procs:
@@ -442,6 +474,7 @@ def _run_workers(config: Config) -> None:
 
     def on_signal(signum: int, _frame: Any) -> None:
         notifier.stop()
+        stop_accepting()
         forward(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -451,6 +484,8 @@ def _run_workers(config: Config) -> None:
         for kind, _index, payload in _drain(beats, tick_s):
             if kind == "beat":
                 notifier.record(payload, time.monotonic())
+                if balancer is not None:
+                    balancer.record(payload.worker, payload.clients, payload.received)
             elif not str(payload).startswith(NODE_ONLY):
                 systemd.notify(str(payload))
                 if "STATUS=" in str(payload):  # also after an EXTEND_TIMEOUT_USEC= line
@@ -460,9 +495,11 @@ def _run_workers(config: Config) -> None:
             dead = [f"w{i} (exit {p.exitcode})" for i, p in enumerate(procs) if p.exitcode]
             log.error("worker %s died; stopping the node", ", ".join(dead))
             notifier.stop()  # one worker died: stop all, let systemd restart the node
+            stop_accepting()
             forward(signal.SIGTERM)
     for p in procs:
         p.join()
+    stop_accepting()
     notifier.stop()
     beats.close()
     if any(p.exitcode for p in procs):

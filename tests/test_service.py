@@ -208,7 +208,7 @@ async def test_several_worker_processes_share_the_port_and_stop_together(tmp_pat
         # ready: from then on no worker may turn a probe or a camera away as warming up.
         await proc.wait_ready()
         nodes = set()
-        # A new TCP connection per request: the kernel picks a worker per connection.
+        # A new TCP connection per request: the node picks a worker per connection.
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
             ready: set[str] = set()
             for _ in range(40):
@@ -217,7 +217,7 @@ async def test_several_worker_processes_share_the_port_and_stop_together(tmp_pat
                     assert r.status == 200, body
                     ready.add(body["node"])
             assert len(ready) == 2, f"40 probes reached only {ready}"
-            for i in range(12):  # the kernel spreads new connections over both workers
+            for i in range(12):  # new connections are spread over both workers
                 ws, hello = await connect(s, proc.ws_url)
                 nodes.add(hello["node"])
                 await ws.send_bytes(frame_binary(i, 0.0, JPG))
@@ -228,6 +228,41 @@ async def test_several_worker_processes_share_the_port_and_stop_together(tmp_pat
         assert len(nodes) == 2, f"all connections landed on {nodes}"
         proc.signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.proc.wait, T(20)) == 0  # type: ignore[union-attr]
+    finally:
+        await asyncio.to_thread(proc.stop)
+
+
+async def test_worker_processes_get_the_same_number_of_cameras(tmp_path: Path) -> None:
+    """server.worker_balance least-clients (the default): the main process hands each new
+    connection to the worker with the fewest clients, so 8 cameras on 2 workers are 4 and
+    4 (the kernel's SO_REUSEPORT hash put 2 on one worker and 8 on another of 12 on the
+    H200), and when a worker's cameras leave, the next cameras go to it."""
+    proc = ServerProcess("server.workers=2", log_path=tmp_path / "serve.log")
+    await asyncio.to_thread(proc.start)
+    try:
+        await proc.wait_ready()
+        async with aiohttp.ClientSession() as s:
+            cams = [await connect(s, proc.ws_url) for _ in range(8)]
+            by_node: dict[str, list[Any]] = {}
+            for i, (ws, hello) in enumerate(cams):
+                by_node.setdefault(hello["node"], []).append(ws)
+                await ws.send_bytes(frame_binary(i, 0.0, JPG))
+                assert (await recv_type(ws, "result"))["detections"]
+            assert sorted(len(v) for v in by_node.values()) == [4, 4], by_node.keys()
+            # Three cameras of one worker leave: after its next beat the next three new
+            # cameras go to it, not to the worker that still has four.
+            emptied, kept = sorted(by_node)
+            for ws in by_node[emptied][:3]:
+                await ws.close()
+            await asyncio.sleep(T(2.5))  # a beat a second reports the clients left
+            later = [await connect(s, proc.ws_url) for _ in range(3)]
+            assert [hello["node"] for _, hello in later] == [emptied] * 3
+            for ws, _ in later:
+                await ws.close()
+            for ws in by_node[emptied][3:] + by_node[kept]:
+                await ws.close()
+        log = await asyncio.to_thread((tmp_path / "serve.log").read_text, errors="replace")
+        assert "connections go to the worker with the fewest clients" in log
     finally:
         await asyncio.to_thread(proc.stop)
 
