@@ -10,24 +10,26 @@ the worker with the fewest clients:
 
     client --TCP--> main process: accept --fd--> worker w: the same aiohttp server as ever
 
-* :func:`pick_worker` decides, without I/O: among the workers whose engine is warm (all of
-  them while none is), the fewest clients by the last beat plus those handed to it since
-  (handed minus what its beat says it received), lowest index on a tie.
+* :func:`pick_worker` decides, without I/O: the fewest clients by the last beat plus those
+  handed to it since (handed minus what its beat says it received), lowest index on a
+  tie, among the warm workers under a fair share (while others still warm up, the rest go
+  to those, which ask the client to come back: see its docstring).
 * :class:`Balancer` is the main process's side: its listening sockets and a thread that
   accepts and hands over.
-* :func:`serve_handed` is a worker's side: aiohttp's ``run_app`` loop handling, with the
-  handed sockets fed to the app's own server (``loop.connect_accepted_socket``), so
-  graceful shutdown closes them as it closes any other.
+* :func:`take_handed` is a worker's side: the handed sockets fed to the app runner's own
+  server (``loop.connect_accepted_socket``), so graceful shutdown closes them as it
+  closes any other (the worker's serving shell: ``workers._run_app``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import errno
 import logging
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +39,19 @@ log = logging.getLogger(__name__)
 
 #: The app state key (``server.STATE``) where a worker counts the sockets handed to it.
 HANDED = "connections_handed"
+#: How long a hand-over may wait for room in a worker's queue before the next worker
+#: takes the connection (a worker's loop that stalled, or died).
+HAND_TIMEOUT_S = 1.0
+#: How long the accepting thread pauses when accept() fails for want of descriptors or
+#: buffers (asyncio's servers pause a second).
+ACCEPT_PAUSE_S = 1.0
+_PAUSE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+def estimates(clients: Sequence[int], handed: Sequence[int], received: Sequence[int]) -> list[int]:
+    """Each worker's clients now, as best the main process knows: its last beat's, plus
+    the sockets handed to it that the beat had not counted yet."""
+    return [c + max(0, h - r) for c, h, r in zip(clients, handed, received, strict=True)]
 
 
 def pick_worker(
@@ -46,9 +61,15 @@ def pick_worker(
 
     ``clients``: each worker's clients at its last beat; ``handed``: sockets handed to it
     so far; ``received``: how many of those its last beat said it had taken in;
-    ``warm``: whether its engine is warm."""
-    candidates = [i for i, w in enumerate(warm) if w] or list(range(len(clients)))
-    return min(candidates, key=lambda i: (clients[i] + max(0, handed[i] - received[i]), i))
+    ``warm``: whether its engine is warm. A warm worker takes the connection while it has
+    less than a fair share (``ceil((all clients + 1) / workers)``); past that, while
+    others still warm up, the connection goes to one of them (which answers 503 with
+    Retry-After until it is warm): otherwise the first warm worker after a restart would
+    take every reconnecting camera, and WebSockets never move afterwards."""
+    est = estimates(clients, handed, received)
+    fair = -(-(sum(est) + 1) // len(est))
+    candidates = [i for i, w in enumerate(warm) if w and est[i] < fair] or range(len(est))
+    return min(candidates, key=lambda i: (est[i], i))
 
 
 class Balancer:
@@ -59,6 +80,8 @@ class Balancer:
         self.listeners = _listen(host, port, backlog)
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(workers)]
         self._to_worker = [mine for mine, _ in pairs]
+        for mine in self._to_worker:  # a wedged worker's full queue must not stop accepting
+            mine.settimeout(HAND_TIMEOUT_S)
         #: The worker ends, passed to the worker processes (then closed here).
         self.worker_ends = [theirs for _, theirs in pairs]
         self._lock = threading.Lock()
@@ -68,6 +91,7 @@ class Balancer:
         self._warm: Callable[[int], bool] = lambda _i: False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._gone: set[int] = set()  # workers whose end refused a hand-over
 
     def record(self, worker: int, clients: int, received: int) -> None:
         """A worker's beat: its clients and how many handed sockets it has taken in."""
@@ -80,36 +104,59 @@ class Balancer:
         self._thread = threading.Thread(target=self._run, name="balance", daemon=True)
         self._thread.start()
 
+    @property
+    def failed(self) -> bool:
+        """The accepting thread ended without being asked to: the node accepts nothing."""
+        t = self._thread
+        return t is not None and not t.is_alive() and not self._stop.is_set()
+
     def _run(self) -> None:
-        with selectors.DefaultSelector() as sel:
-            for sock in self.listeners:
-                sel.register(sock, selectors.EVENT_READ)
-            while not self._stop.is_set():
-                for key, _ in sel.select(timeout=0.2):
-                    listener: socket.socket = key.fileobj  # type: ignore[assignment]
-                    try:
-                        conn, _addr = listener.accept()
-                    except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-                        continue
-                    except OSError:
-                        if self._stop.is_set():
-                            return
-                        log.exception("accepting a connection failed")
-                        continue
-                    with conn:
-                        self._hand(conn)
+        try:
+            with selectors.DefaultSelector() as sel:
+                for sock in self.listeners:
+                    sel.register(sock, selectors.EVENT_READ)
+                while not self._stop.is_set():
+                    for key, _ in sel.select(timeout=0.2):
+                        self._accept(key.fileobj)  # type: ignore[arg-type]
+        except Exception:
+            log.exception("the connection balancer stopped")
+            raise
+        finally:
+            for sock in self.listeners:  # no new connections once it stops
+                sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            conn, _addr = listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        except OSError as e:
+            if self._stop.is_set():
+                return
+            # Out of descriptors or buffers: wait a little, as asyncio's server does.
+            log.error("accepting a connection failed: %s", e)
+            if e.errno in _PAUSE_ERRNOS:
+                time.sleep(ACCEPT_PAUSE_S)
+            return
+        with conn:
+            self._hand(conn)
 
     def _hand(self, conn: socket.socket) -> None:
-        n = len(self._to_worker)
         with self._lock:
-            order = [pick_worker(self._clients, self.handed, self._received, self._warm_list())]
-        # A worker that has gone (its end closed) gets none: the next best takes it.
-        order += [i for i in range(n) if i not in order]
-        for i in order:
+            first = pick_worker(self._clients, self.handed, self._received, self._warm_list())
+            est = estimates(self._clients, self.handed, self._received)
+        # A worker that cannot take it (gone, or its queue full) is passed over: the next
+        # by the same estimate takes it, and a gone worker gets none again.
+        rest = sorted((i for i in range(len(est)) if i != first), key=lambda i: (est[i], i))
+        for i in (first, *rest):
+            if i in self._gone:
+                continue
             try:
                 socket.send_fds(self._to_worker[i], [b"c"], [conn.fileno()])
             except OSError as e:
                 log.warning("could not hand a connection to worker w%d: %s", i, e)
+                if e.errno in (errno.ECONNREFUSED, errno.ENOTCONN, errno.EPIPE):
+                    self._gone.add(i)
                 continue
             with self._lock:
                 self.handed[i] += 1
@@ -119,10 +166,12 @@ class Balancer:
     def _warm_list(self) -> list[bool]:
         return [bool(self._warm(i)) for i in range(len(self._to_worker))]
 
+    def stop(self) -> None:
+        """Stop accepting within a select timeout (safe in a signal handler: no waiting)."""
+        self._stop.set()
+
     def close(self) -> None:
-        """Stop accepting (a no-op the second time); the workers' ends stay theirs."""
-        if self._stop.is_set():
-            return
+        """Stop, wait for the accepting thread, and close what is left."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
@@ -141,7 +190,11 @@ def _listen(host: str | None, port: int, backlog: int) -> list[socket.socket]:
             if (family, addr) in seen:
                 continue
             seen.add((family, addr))
-            sock = socket.socket(family, kind, proto)
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError as e:  # e.g. IPv6 off: that family is skipped, as asyncio does
+                log.info("not listening on %s: %s", addr, e)
+                continue
             listeners.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
@@ -153,85 +206,53 @@ def _listen(host: str | None, port: int, backlog: int) -> list[socket.socket]:
         for sock in listeners:
             sock.close()
         raise
+    if not listeners:
+        raise OSError(f"could not listen on {host}:{port}")
     return listeners
 
 
-def _receive(handed_over: socket.socket) -> tuple[list[socket.socket], bool]:
-    """The sockets waiting on a worker's end (non-blocking), and whether the main
-    process's end is still there (an empty message: it closed)."""
+def _receive(handed_over: socket.socket) -> list[socket.socket]:
+    """The sockets waiting on a worker's end (non-blocking; none when there are none)."""
     got: list[socket.socket] = []
     while True:
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(handed_over, 16, 16)
+            _msg, fds, _flags, _addr = socket.recv_fds(handed_over, 16, 16)
         except (BlockingIOError, InterruptedError):
-            return got, True
+            return got
         for fd in fds:
             sock = socket.socket(fileno=fd)
+            sock.set_inheritable(False)  # SCM_RIGHTS gives it without close-on-exec
             sock.setblocking(False)
             got.append(sock)
-        if not msg and not fds:
-            return got, False
 
 
-def serve_handed(
+def take_handed(
     app: web.Application,
+    server: web.Server,
     handed_over: socket.socket,
-    *,
     loop: asyncio.AbstractEventLoop,
-    shutdown_timeout: float,
-) -> None:
-    """Serve ``app`` on the connections handed over ``handed_over`` until SIGTERM/SIGINT,
-    as ``web.run_app`` serves a listening socket: its runner, signal handling and
-    graceful shutdown, and its loop closed at the end."""
+) -> Callable[[], None]:
+    """Serve the connections the main process hands over ``handed_over`` on ``server``
+    (the app runner's: graceful shutdown closes them as it closes any other), counting
+    them in the app's state (:data:`HANDED`, for the beats). Returns what stops taking."""
     from .server import STATE
 
-    async def main() -> None:
-        runner = web.AppRunner(
-            app, handle_signals=True, access_log=None, shutdown_timeout=shutdown_timeout
-        )
-        await runner.setup()
-        server = runner.server
-        if server is None:  # pragma: no cover - setup() made it
-            raise RuntimeError("the app runner has no server")
-        handed_over.setblocking(False)
-        app[STATE][HANDED] = 0
+    handed_over.setblocking(False)
+    app[STATE][HANDED] = 0
 
-        def take() -> None:
-            socks, open_ = _receive(handed_over)
-            for sock in socks:
-                app[STATE][HANDED] += 1
-                task = loop.create_task(loop.connect_accepted_socket(server, sock))
-                task.add_done_callback(_log_failure)
-            if not open_:  # the main process has stopped handing connections over
-                loop.remove_reader(handed_over.fileno())
+    def take() -> None:
+        for sock in _receive(handed_over):
+            app[STATE][HANDED] += 1
+            task = loop.create_task(loop.connect_accepted_socket(server, sock))
+            task.add_done_callback(_log_failure)
 
-        loop.add_reader(handed_over.fileno(), take)
-        try:
-            await asyncio.Event().wait()  # until GracefulExit or cancellation
-        finally:
-            loop.remove_reader(handed_over.fileno())
-            handed_over.close()
-            await runner.cleanup()
+    loop.add_reader(handed_over.fileno(), take)
 
-    main_task = loop.create_task(main())
-    try:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(main_task)
-    except (web.GracefulExit, KeyboardInterrupt):
-        pass
-    finally:
-        if not main_task.done():
-            main_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                loop.run_until_complete(main_task)
-        rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for t in rest:
-            t.cancel()
-        if rest:
-            loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
-        asyncio.set_event_loop(None)
+    def stop() -> None:
+        loop.remove_reader(handed_over.fileno())
+        handed_over.close()
+
+    return stop
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

@@ -43,7 +43,7 @@ from aiohttp import web
 
 from . import systemd
 from .aio import cancel_and_wait, with_timeout
-from .balance import HANDED, Balancer, serve_handed
+from .balance import HANDED, Balancer, take_handed
 from .config import Config, ServerConfig
 from .errors import ConfigError
 
@@ -342,21 +342,76 @@ def _serve(
             on_stop()
 
         app.on_shutdown.insert(0, say_stopping)  # before frames in flight are awaited
-    loop = new_event_loop(config.server.event_loop)
-    if handed_over is not None:  # the main process accepts (server.worker_balance)
-        shutdown_s = config.server.shutdown_grace_s + 2
-        serve_handed(app, handed_over, loop=loop, shutdown_timeout=shutdown_s)
-        return
-    web.run_app(
+    _run_app(
         app,
+        new_event_loop(config.server.event_loop),
         host=config.server.host,
         port=config.server.port,
-        print=None,
-        shutdown_timeout=config.server.shutdown_grace_s + 2,
-        access_log=None,
         reuse_port=reuse_port,
-        loop=loop,
+        handed_over=handed_over,
+        shutdown_timeout=config.server.shutdown_grace_s + 2,
     )
+
+
+def _run_app(
+    app: web.Application,
+    loop: asyncio.AbstractEventLoop,
+    *,
+    host: str | None,
+    port: int,
+    reuse_port: bool,
+    handed_over: socket.socket | None,
+    shutdown_timeout: float,
+) -> None:
+    """Serve ``app`` until SIGTERM/SIGINT as aiohttp's ``web.run_app`` does (its runner,
+    graceful shutdown, the loop closed at the end), on ``host``:``port`` or on the
+    connections the main process hands over ``handed_over`` (server.worker_balance), with
+    one difference: the first SIGTERM or SIGINT starts the shutdown and later ones are
+    ignored. A supervisor that signals every process of the node gives each worker two
+    (its own and the one the main process forwards); in ``run_app`` the second raises
+    inside the graceful close and cuts the sessions' 1001 close short."""
+
+    async def main() -> None:
+        stopping = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            shutdown_timeout=shutdown_timeout,
+            keepalive_timeout=75.0,  # run_app's; the app's handler_args take precedence
+        )
+        stop_taking: Callable[[], None] | None = None
+        try:
+            await runner.setup()
+            if handed_over is None:
+                await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
+            else:
+                server = runner.server
+                if server is None:  # pragma: no cover - setup() made it
+                    raise RuntimeError("the app runner has no server")
+                stop_taking = take_handed(app, server, handed_over, loop)
+            await stopping.wait()
+        finally:
+            if stop_taking is not None:
+                stop_taking()
+            await runner.cleanup()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_IGN)  # exiting: a late one must not kill it
+
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(main())
+    finally:
+        rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in rest:
+            t.cancel()
+        if rest:
+            loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+        asyncio.set_event_loop(None)
 
 
 def _settle_heap() -> None:
@@ -463,9 +518,9 @@ def _run_workers(config: Config) -> None:
         log.info("connections go to the worker with the fewest clients (server.worker_balance)")
     notifier = NodeNotifier(n, watchdog)
 
-    def stop_accepting() -> None:
+    def stop_accepting() -> None:  # no waiting: it runs in the signal handler too
         if balancer is not None:
-            balancer.close()
+            balancer.stop()
 
     def forward(signum: int) -> None:
         for p in procs:
@@ -491,6 +546,10 @@ def _run_workers(config: Config) -> None:
                 if "STATUS=" in str(payload):  # also after an EXTEND_TIMEOUT_USEC= line
                     notifier.relayed_status(time.monotonic())
         notifier.tick(time.monotonic())
+        if balancer is not None and balancer.failed and not notifier.stopping:
+            log.error("the connection balancer stopped; stopping the node")
+            notifier.stop()  # a node that accepts nothing: let systemd restart it
+            forward(signal.SIGTERM)
         if any(p.exitcode not in (None, 0) for p in procs) and not notifier.stopping:
             dead = [f"w{i} (exit {p.exitcode})" for i, p in enumerate(procs) if p.exitcode]
             log.error("worker %s died; stopping the node", ", ".join(dead))
@@ -499,7 +558,8 @@ def _run_workers(config: Config) -> None:
             forward(signal.SIGTERM)
     for p in procs:
         p.join()
-    stop_accepting()
+    if balancer is not None:
+        balancer.close()
     notifier.stop()
     beats.close()
     if any(p.exitcode for p in procs):

@@ -4,6 +4,8 @@ degrading to the CPU engine, and the real command line."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import signal
 import socket
 import struct
@@ -13,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
 from edge_vision.aio import with_timeout
 from edge_vision.models import ModelSpec
@@ -263,6 +266,48 @@ async def test_worker_processes_get_the_same_number_of_cameras(tmp_path: Path) -
                 await ws.close()
         log = await asyncio.to_thread((tmp_path / "serve.log").read_text, errors="replace")
         assert "connections go to the worker with the fewest clients" in log
+    finally:
+        await asyncio.to_thread(proc.stop)
+
+
+@pytest.mark.parametrize("balance", ["least-clients", "reuse-port"])
+async def test_workers_close_their_sessions_gracefully_when_every_process_gets_sigterm(
+    tmp_path: Path, balance: str
+) -> None:
+    """A supervisor that signals every process of the node (systemd's default KillMode,
+    `kill -TERM` to the group) gives each worker SIGTERM twice: its own and the one the
+    main process forwards. The second must not cut the first's graceful close short:
+    each camera still gets 'closing' and close code 1001, and the node exits 0."""
+    proc = ServerProcess(
+        "server.workers=2", f"server.worker_balance={balance}", log_path=tmp_path / "serve.log"
+    )
+    await asyncio.to_thread(proc.start)
+    try:
+        await proc.wait_ready()
+        log = await asyncio.to_thread((tmp_path / "serve.log").read_text, errors="replace")
+        pids = [int(p) for p in re.findall(r"w\d+ pid (\d+)", log)]
+        assert len(pids) == 2, log
+        async with aiohttp.ClientSession() as s:
+            cams = [await connect(s, proc.ws_url) for _ in range(2)]
+            if balance == "least-clients":  # one on each worker (the hash may differ)
+                assert len({hello["node"] for _, hello in cams}) == 2
+            for i, (ws, _) in enumerate(cams):
+                await ws.send_bytes(frame_binary(i, 0.0, JPG))
+                assert (await recv_type(ws, "result"))["detections"]
+            for pid in pids:  # the group's signal and the forwarded one, back to back
+                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGTERM)
+            proc.signal(signal.SIGTERM)
+
+            async def closed(ws: Any, hello: dict[str, Any]) -> None:  # each camera at once
+                closing = await recv_type(ws, "closing")
+                msg = await ws.receive(timeout=T(10))
+                assert closing["resume_token"] == hello["resume_token"]
+                assert msg.type is aiohttp.WSMsgType.CLOSE and ws.close_code == 1001
+
+            await asyncio.gather(*(closed(ws, hello) for ws, hello in cams))
+        code = await asyncio.to_thread(proc.proc.wait, T(20))  # type: ignore[union-attr]
+        assert code == 0, proc.log()
     finally:
         await asyncio.to_thread(proc.stop)
 

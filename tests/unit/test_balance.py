@@ -21,8 +21,17 @@ def test_connections_handed_since_a_worker_s_last_beat_count_as_its_clients() ->
     assert pick_worker([1, 4], [4, 4], [4, 4], [True, True]) == 0
 
 
-def test_a_worker_still_warming_up_gets_none_while_another_is_warm() -> None:
-    assert pick_worker([9, 0], [9, 0], [9, 0], [True, False]) == 0
+def test_a_warm_worker_takes_connections_up_to_a_fair_share_while_others_warm_up() -> None:
+    """After a restart the first warm worker must not take every reconnecting camera
+    (WebSockets never move afterwards): up to a fair share it takes them, past that they
+    go to a worker still warming up, which asks the camera to come back later."""
+    assert pick_worker([0, 0], [0, 0], [0, 0], [True, False]) == 0
+    assert pick_worker([3, 0], [3, 0], [3, 0], [True, False]) == 1
+    handed = [0] * 12
+    warm = [True] + [False] * 11
+    for _ in range(64):
+        handed[pick_worker([0] * 12, handed, [0] * 12, warm)] += 1
+    assert max(handed) <= 6 and handed[0] >= 1, handed
     # None warm yet (the node is starting): every worker may take one (a health probe).
     assert pick_worker([2, 0], [0, 0], [0, 0], [False, False]) == 1
 
