@@ -54,6 +54,19 @@ def estimates(clients: Sequence[int], handed: Sequence[int], received: Sequence[
     return [c + max(0, h - r) for c, h, r in zip(clients, handed, received, strict=True)]
 
 
+def hand_order(
+    clients: Sequence[int], handed: Sequence[int], received: Sequence[int], warm: Sequence[bool]
+) -> list[int]:
+    """The workers in the order they should get the next connection: the first is
+    :func:`pick_worker`'s choice, the rest (by the same estimate) take it when the ones
+    before cannot (gone, or a full queue)."""
+    est = estimates(clients, handed, received)
+    fair = -(-(sum(est) + 1) // len(est))
+    by_load = sorted(range(len(est)), key=lambda i: (est[i], i))
+    first = [i for i in by_load if warm[i] and est[i] < fair] or by_load
+    return [first[0], *(i for i in by_load if i != first[0])]
+
+
 def pick_worker(
     clients: Sequence[int], handed: Sequence[int], received: Sequence[int], warm: Sequence[bool]
 ) -> int:
@@ -61,15 +74,12 @@ def pick_worker(
 
     ``clients``: each worker's clients at its last beat; ``handed``: sockets handed to it
     so far; ``received``: how many of those its last beat said it had taken in;
-    ``warm``: whether its engine is warm. A warm worker takes the connection while it has
-    less than a fair share (``ceil((all clients + 1) / workers)``); past that, while
-    others still warm up, the connection goes to one of them (which answers 503 with
-    Retry-After until it is warm): otherwise the first warm worker after a restart would
-    take every reconnecting camera, and WebSockets never move afterwards."""
-    est = estimates(clients, handed, received)
-    fair = -(-(sum(est) + 1) // len(est))
-    candidates = [i for i, w in enumerate(warm) if w and est[i] < fair] or range(len(est))
-    return min(candidates, key=lambda i: (est[i], i))
+    ``warm``: whether its engine is warm. The fewest clients wins, among the warm workers
+    under a fair share (``ceil((all clients + 1) / workers)``); past that, while others
+    still warm up, the connection goes to one of them (which answers 503 with Retry-After
+    until it is warm): otherwise the first warm worker after a restart would take every
+    reconnecting camera, and WebSockets never move afterwards."""
+    return hand_order(clients, handed, received, warm)[0]
 
 
 class Balancer:
@@ -143,12 +153,10 @@ class Balancer:
 
     def _hand(self, conn: socket.socket) -> None:
         with self._lock:
-            first = pick_worker(self._clients, self.handed, self._received, self._warm_list())
-            est = estimates(self._clients, self.handed, self._received)
-        # A worker that cannot take it (gone, or its queue full) is passed over: the next
-        # by the same estimate takes it, and a gone worker gets none again.
-        rest = sorted((i for i in range(len(est)) if i != first), key=lambda i: (est[i], i))
-        for i in (first, *rest):
+            order = hand_order(self._clients, self.handed, self._received, self._warm_list())
+        # A worker that cannot take it (gone, or its queue full) is passed over for the
+        # next in order, and a gone worker gets none again.
+        for i in order:
             if i in self._gone:
                 continue
             try:

@@ -518,19 +518,18 @@ def _run_workers(config: Config) -> None:
         log.info("connections go to the worker with the fewest clients (server.worker_balance)")
     notifier = NodeNotifier(n, watchdog)
 
-    def stop_accepting() -> None:  # no waiting: it runs in the signal handler too
+    def stop_node(signum: int) -> None:
+        """Say STOPPING, accept no more (no waiting: it runs in the signal handler too)
+        and pass ``signum`` to every worker still running."""
+        notifier.stop()
         if balancer is not None:
             balancer.stop()
-
-    def forward(signum: int) -> None:
         for p in procs:
             if p.is_alive() and p.pid is not None:
                 os.kill(p.pid, signum)
 
     def on_signal(signum: int, _frame: Any) -> None:
-        notifier.stop()
-        stop_accepting()
-        forward(signum)
+        stop_node(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -548,14 +547,11 @@ def _run_workers(config: Config) -> None:
         notifier.tick(time.monotonic())
         if balancer is not None and balancer.failed and not notifier.stopping:
             log.error("the connection balancer stopped; stopping the node")
-            notifier.stop()  # a node that accepts nothing: let systemd restart it
-            forward(signal.SIGTERM)
+            stop_node(signal.SIGTERM)  # a node that accepts nothing: let systemd restart it
         if any(p.exitcode not in (None, 0) for p in procs) and not notifier.stopping:
             dead = [f"w{i} (exit {p.exitcode})" for i, p in enumerate(procs) if p.exitcode]
             log.error("worker %s died; stopping the node", ", ".join(dead))
-            notifier.stop()  # one worker died: stop all, let systemd restart the node
-            stop_accepting()
-            forward(signal.SIGTERM)
+            stop_node(signal.SIGTERM)  # one worker died: stop all, let systemd restart it
     for p in procs:
         p.join()
     if balancer is not None:

@@ -18,6 +18,7 @@ import collections
 import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def run_mode(mode: str, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
             counts += [0] * (args.workers - len(counts))  # workers that got none
             rounds.append(counts)
             print(f"{mode:14s} cameras a worker, most to fewest: {counts}", flush=True)
-            asyncio.run(asyncio.sleep(args.pause_s))  # the workers' beats report them gone
+            time.sleep(args.pause_s)  # the workers' beats report them gone
     most = [r[0] for r in rounds]
     return {
         "mode": mode,

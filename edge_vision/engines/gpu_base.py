@@ -206,27 +206,22 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
             raise EngineError(f"{self.kind} engine is closed: {e}") from e
 
         def give_back(_: object) -> None:
-            # (The job's thread.) Back to the free list when the job is over, not when its
-            # caller stopped waiting; after the loop has closed there is no list to feed.
+            # (The job's thread.) After the loop has closed there is no list to feed.
             if not loop.is_closed():
                 loop.call_soon_threadsafe(self._slot_pool.put, slot)
 
         try:
-            outputs = await asyncio.wrap_future(job)
-        except asyncio.CancelledError:  # the job may still run: the slot goes when it ends
-            job.add_done_callback(give_back)
-            raise
-        except BaseException as e:
-            self._slot_pool.put(slot)  # the job has ended (it raised)
-            if isinstance(e, RuntimeError):  # torch and pybind11 report CUDA failures so
-                raise EngineError(
-                    f"{self.kind} engine failed on a batch of {len(frames)}: {e}"
-                ) from e
-            raise
-        # The job has ended: the slot goes back here, on the loop, not by a second wake-up
-        # of the loop from the job's thread (one a batch, at batches of 1-2 frames).
-        self._slot_pool.put(slot)
-        return outputs
+            return await asyncio.wrap_future(job)
+        except RuntimeError as e:  # torch and pybind11 report CUDA failures so
+            raise EngineError(f"{self.kind} engine failed on a batch of {len(frames)}: {e}") from e
+        finally:
+            # Back to the free list once the job is over, not when its caller stops
+            # waiting: here on the loop when it is (no second wake-up of the loop from the
+            # job's thread, one a batch at batches of 1-2 frames), else when it ends.
+            if job.done():
+                self._slot_pool.put(slot)
+            else:
+                job.add_done_callback(give_back)
 
     # -- end ------------------------------------------------------------------------
 
