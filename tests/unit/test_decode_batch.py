@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import json
 import struct
 import types
+from pathlib import Path
 from typing import Any, ClassVar
 
 import cv2
@@ -427,3 +429,24 @@ def test_mock_opencv_runs_one_thread_while_a_cuda_engine_serves(
             assert cv2.getNumThreads() == default, where
     finally:
         cv2.setNumThreads(-1)
+
+
+def test_device_decode_bench_times_the_letterbox_a_frame_on_torch_s_cpu_device(
+    tmp_path: Path,
+) -> None:
+    """``python -m edge_vision.bench.device_decode`` without a GPU: the letterbox stage at
+    each batch size asked for, per frame, with the driver's and the other threads' CPU; the
+    GPU stages (decode, decode_batch) only where there is a GPU to time them on."""
+    pytest.importorskip("torch", reason="the device letterbox runs on torch")
+    from edge_vision.bench.device_decode import main
+
+    out = tmp_path / "dd.json"
+    main(["--batches", "1", "2", "--seconds", "0.05", "--device", "cpu", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu" and result["gpu"] is None
+    (rows,) = result["runs"].values()
+    assert sorted(rows) == ["1", "2"]
+    for row in rows.values():
+        assert list(row) == ["letterbox"]
+        assert row["letterbox"]["calls"] >= 5
+        assert row["letterbox"]["wall_ms"] > 0 and row["letterbox"]["driver_cpu_ms"] > 0
