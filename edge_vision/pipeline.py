@@ -6,8 +6,9 @@ benchmark. A frame goes through two steps, which the session runner
 frame no longer needs its decode turn:
 
 * :meth:`FramePipeline.prepare`: header read, pixel and decoded-size limits, decode and
-  letterbox, on the host or batched on the GPU (edge_vision.decode_batch) → a
-  :class:`~edge_vision.decode_batch.Prepared` canvas, which the caller owns;
+  letterbox, on the host or batched on the GPU (edge_vision.decode_batch,
+  edge_vision.decode_gpu) → a :class:`~edge_vision.decode_batch.Prepared` canvas, which
+  the caller owns;
 * :meth:`FramePipeline.finish`: the engine (through the batcher), the head, and reading
   when the session reads → a :class:`FrameResult`, or
   :data:`~edge_vision.infer.SUPERSEDED` when a newer
@@ -50,13 +51,8 @@ from .decode import (
     pick_decoder,
     read_image_header,
 )
-from .decode_batch import (
-    DecodeBatcher,
-    DecodeRequest,
-    HostBatchDecoder,
-    Prepared,
-    make_device_decoder,
-)
+from .decode_batch import DecodeBatcher, DecodeRequest, HostBatchDecoder, Prepared
+from .decode_gpu import make_device_decoder
 from .engines import Engine
 from .errors import ClientError
 from .infer import BatchInfo, InferenceService, Superseded
@@ -99,7 +95,7 @@ class FramePipeline:
         self._own_executor = executor is None
         self.executor = executor or role_pool(worker_count(config.decode.workers), "frame")
         # Host decode is one worker job a frame; with decode.device cuda and a CUDA engine
-        # active, JPEGs are decoded in batches on the GPU (edge_vision.decode_batch).
+        # active, JPEGs are decoded in batches on the GPU (edge_vision.decode_gpu).
         d = config.decode
         self.host_decoder = HostBatchDecoder(self.decode_request, service.spec.pad_value)
         self.decoding = DecodeBatcher(

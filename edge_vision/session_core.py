@@ -27,7 +27,7 @@ The rules it owns:
   :meth:`~SessionCore.superseded`, and it is dropped and its place given back at once.
   "Prepared" means "no longer needs the session's decode turn, now waiting for the
   engine": a canvas decoded on the host, or a frame still compressed whose header was
-  checked and whose pixels a GPU batch will decode (edge_vision.decode_batch). The core
+  checked and whose pixels a GPU batch will decode (edge_vision.decode_gpu). The core
   never looks at the frame, so superseding works the same in both cases.
 * **Reply order.** Replies are sent in the order frames were taken, one :class:`Send`
   per frame, each only once every frame ahead of it was sent or dropped. Arrival

@@ -1,4 +1,4 @@
-"""What the device decode costs the host a frame (edge_vision.decode_batch), stage by stage.
+"""What the device decode costs the host a frame (edge_vision.decode_gpu), stage by stage.
 
 On a GPU host the device decode's worker thread (``gpu-decode`` in the bench's CPU by
 thread) took the largest share of the server's CPU at 64 cameras: 1.6 ms a frame on the
@@ -39,7 +39,8 @@ import numpy as np
 import simplejpeg
 
 from ..decode import read_image_header
-from ..decode_batch import CudaBatchDecoder, DecodeRequest, HostBatchDecoder
+from ..decode_batch import DecodeRequest, HostBatchDecoder
+from ..decode_gpu import CudaBatchDecoder
 from ..shape import Letterbox, plan_letterbox
 from .frames import generated_frames
 

@@ -7,7 +7,7 @@ takes a free slot for its whole trip::
 
     letterboxed uint8 frames in pinned memory (the decode pool's allocator is the CUDA
     layer's pinned allocator while the engine is active), or already on the device
-    (canvases of the GPU decoder, :mod:`edge_vision.decode_batch`)
+    (canvases of the GPU decoder, :mod:`edge_vision.decode_gpu`)
     --H2D (or D2D) per frame (slot stream)--> the backend's run (graph replay,
     execute_async_v3)
     --D2H (slot stream)--> pinned outputs --event--> outputs copied out of the slot's

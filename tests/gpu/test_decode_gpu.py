@@ -15,7 +15,8 @@ import pytest
 import simplejpeg
 
 from edge_vision.config import Config
-from edge_vision.decode_batch import CudaBatchDecoder, DecodeRequest, Prepared
+from edge_vision.decode_batch import DecodeRequest, Prepared
+from edge_vision.decode_gpu import CudaBatchDecoder
 from edge_vision.errors import ClientError
 from edge_vision.infer import InferenceService
 from edge_vision.models import ModelSpec

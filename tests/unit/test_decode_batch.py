@@ -25,7 +25,6 @@ import simplejpeg
 from PIL import Image
 
 from edge_vision.decode_batch import (
-    CudaBatchDecoder,
     DecodeBatcher,
     DecodeRequest,
     DeviceFrame,
@@ -34,6 +33,7 @@ from edge_vision.decode_batch import (
     jpeg_kind,
     wait_ready,
 )
+from edge_vision.decode_gpu import CudaBatchDecoder
 from edge_vision.errors import ClientError
 from edge_vision.infer import InferenceService
 from edge_vision.models import ModelSpec
