@@ -192,3 +192,59 @@ def test_engine_only_waits_for_its_start_time_so_processes_are_timed_together(
     assert start_at <= eo["timed_from"] < start_at + 2
     assert eo["timed_until"] > eo["timed_from"]
     assert eo["rows"][0]["serial"]["frames_per_s"] > 0
+
+
+def _servers(parent: int | None = None) -> set[int]:
+    """The live ``edge_vision serve`` processes (of ``parent``, when given), from /proc."""
+    pids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        mine = parent is None or int(ppid) == parent
+        if mine and state != "Z" and b"edge_vision\0serve" in cmdline:
+            pids.add(int(stat.parent.name))
+    return pids
+
+
+@pytest.mark.timeout(240)
+def test_a_bench_stopped_by_sigterm_keeps_the_counts_it_finished_and_stops_its_server(
+    tmp_path: Path,
+) -> None:
+    """A bench over several camera counts that a timeout stops (``timeout``, a device
+    call's limit) leaves the counts that finished in results.json, marked partial, and
+    takes its server down with it: on 2026-12-02 a 64/96/128-camera run on the H200 lost
+    two finished counts this way."""
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "edge_vision", "bench", "--out", str(out), "--frames", "8"]
+    argv += ["--resolution", "640x360", "--cameras", "1,2", "--fps", "4", "--duration", "3"]
+    log = tmp_path / "bench.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    results = out / "results.json"
+    try:
+        deadline = time.monotonic() + T(180)
+        while time.monotonic() < deadline:
+            done = json.loads(results.read_text()) if results.exists() else {}
+            if done.get("runs") and _servers(proc.pid):  # count 2's server is starting
+                break
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        else:
+            pytest.fail("the first count's results never reached results.json")
+        servers = _servers(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(T(60)) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    kept = json.loads(results.read_text())
+    assert kept["partial"] is True
+    assert [r["cameras"] for r in kept["runs"]] == [1]
+    assert kept["runs"][0]["sent"] == 4 * 3 and kept["runs"][0]["answered"] > 0
+    assert servers and not servers & _servers(), "the bench's server was left running"

@@ -117,7 +117,11 @@ class _Server:
     def __enter__(self) -> _Server:
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=self._log)
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:  # not ready in time, or stopped while starting: not left behind
+            self.__exit__()
+            raise
         return self
 
     def _wait_ready(self) -> None:
@@ -460,6 +464,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     setup_logging(config.logging.level)
+    # SIGTERM (a `timeout`, a device call's limit) unwinds like Ctrl-C: the server and the
+    # camera processes this started are stopped on the way out, and what finished is kept.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     width, height = (int(v) for v in args.resolution.lower().split("x"))
     out = args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -494,6 +501,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         }
         cams = [int(c) for c in str(args.cameras).split(",")]
         for n in cams:
+            # What has finished is on disk before each count starts: a bench stopped by a
+            # timeout (a device call's limit) keeps the counts it completed.
+            _write_results(out, report, runs, engine_res, partial=True)
             if args.url:
                 runs.append(_load_run("target", args.url, jpegs, n, args, None))
                 continue
@@ -515,17 +525,40 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     runs.append(
                         _load_run("baseline", f"ws://127.0.0.1:{port}/ws", jpegs, n, args, srv)
                     )
-    report["runs"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]
-    report["ratios"] = _ratios(runs, engine_res)
+    report = _write_results(out, report, runs, engine_res, partial=False)
     _print_table(runs, engine_res)
     for line in report["ratios"].get("lines", []):
         print(line)
-    (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
     if runs and not args.no_plots:
         for p in _plots(out, runs):
             print(f"plot: {p}")
     print(f"results: {out / 'results.json'}")
     return 0
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _write_results(
+    out: Path,
+    report: dict[str, Any],
+    runs: list[dict[str, Any]],
+    engine_res: dict[str, Any] | None,
+    *,
+    partial: bool,
+) -> dict[str, Any]:
+    """``out/results.json`` with the runs so far; ``partial``: more camera counts were to
+    come (``"partial": true`` in the file, so a reader knows the bench did not finish)."""
+    done = dict(report)
+    done["runs"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]
+    done["ratios"] = _ratios(runs, engine_res)
+    if partial:
+        done["partial"] = True
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(done, indent=2, default=str))
+    tmp.replace(out / "results.json")  # never a half-written file
+    return done
 
 
 async def _engine_ceiling(
