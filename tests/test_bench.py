@@ -248,3 +248,26 @@ def test_a_bench_stopped_by_sigterm_keeps_the_counts_it_finished_and_stops_its_s
     assert [r["cameras"] for r in kept["runs"]] == [1]
     assert kept["runs"][0]["sent"] == 4 * 3 and kept["runs"][0]["answered"] > 0
     assert servers and not servers & _servers(), "the bench's server was left running"
+
+
+@pytest.mark.timeout(240)
+def test_one_server_runs_every_camera_count_against_a_server_started_once(
+    tmp_path: Path,
+) -> None:
+    """``--one-server``: a sweep pays the server's warm-up once (on a GPU host, 12 workers
+    loading a compiled engine take 60-90 s a start), and each count's figures are still
+    its own: its frames, its server CPU, its memory samples."""
+    r = bench(tmp_path, "--one-server", "--cameras", "1,2", "--fps", "4", "--duration", "3")
+    assert "partial" not in r
+    assert [run["cameras"] for run in r["runs"]] == [1, 2]
+    for run in r["runs"]:
+        n = run["cameras"]
+        assert run["sent"] == n * 4 * 3 and run["errors"] == 0, run
+        assert run["answered"] + run["dropped"] == run["sent"] and run["answered"] > 0
+        assert run["server_cpu_s"] > 0
+        # the memory samples of this run only (times from its own start, so one pass of
+        # rising times; the first run's samples before them would start the clock again)
+        times = [t for t, _ in run["rss_mib"]["samples"]]
+        assert times and times == sorted(times) and times[-1] < 3 + 5, times
+    log = (tmp_path / "out" / "server.log").read_text()
+    assert log.count("node ready") == 1, log[-3000:]

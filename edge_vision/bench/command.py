@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -71,6 +72,13 @@ def register(sub: Any) -> None:
         type=float,
         default=SERVER_READY_S,
         help="how long the server may take to warm up (engine.torch.compile takes minutes)",
+    )
+    p.add_argument(
+        "--one-server",
+        action="store_true",
+        help="run every camera count against one server, started once, instead of a fresh "
+        "server a count: its warm-up (workers, engine.torch.compile) is paid once, and each "
+        "count meets the server as the count before left it",
     )
     p.add_argument("--out", type=Path, help="output folder (default bench-results/<time>)")
     p.add_argument("--no-plots", action="store_true")
@@ -144,6 +152,10 @@ class _Server:
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"server not ready after {self.ready_s:.0f} s; see {self.log_path}")
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
 
     def sample(self, t: float) -> None:
         from .load import rss_mib
@@ -252,6 +264,8 @@ def _load_run(
                 flush=True,
             )
 
+    if server is not None:
+        server.rss = []  # this run's memory only (--one-server runs several on one server)
     server_pid = server.proc.pid if server and server.proc else None
     server_cpu0 = cpu_seconds(server_pid) if server_pid else None
     threads0 = thread_cpu_seconds(server_pid) if server_pid else {}
@@ -500,31 +514,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "source": str(args.video or "generated"),
         }
         cams = [int(c) for c in str(args.cameras).split(",")]
-        for n in cams:
-            # What has finished is on disk before each count starts: a bench stopped by a
-            # timeout (a device call's limit) keeps the counts it completed.
-            _write_results(out, report, runs, engine_res, partial=True)
-            if args.url:
-                runs.append(_load_run("target", args.url, jpegs, n, args, None))
-                continue
-            port = free_port()
-            argv = _server_argv(args, port)
-            with _Server(argv, port, out / "server.log", ready_s=args.server_ready_s) as srv:
-                runs.append(
-                    _load_run("edge_vision", f"ws://127.0.0.1:{port}/ws", jpegs, n, args, srv)
-                )
-            if args.compare:
-                port = free_port()
-                threads = str(config.engine.onnxruntime.threads or "")
-                argv = [sys.executable, "-m", "edge_vision.bench.baseline", "--port", str(port)]
-                if args.model:
-                    argv += ["--model", str(args.model)]
-                if threads:
-                    argv += ["--threads", threads]
-                with _Server(argv, port, out / "baseline.log", ready_path=None) as srv:
-                    runs.append(
-                        _load_run("baseline", f"ws://127.0.0.1:{port}/ws", jpegs, n, args, srv)
-                    )
+        shared = contextlib.ExitStack()  # --one-server: the server every count runs against
+        with shared:
+            one: _Server | None = None
+            for n in cams:
+                # What has finished is on disk before each count starts: a bench stopped by
+                # a timeout (a device call's limit) keeps the counts it completed.
+                _write_results(out, report, runs, engine_res, partial=True)
+                if args.url:
+                    runs.append(_load_run("target", args.url, jpegs, n, args, None))
+                    continue
+                if args.one_server:
+                    if one is None:
+                        one = shared.enter_context(_ours(args, out))
+                    runs.append(_load_run("edge_vision", one.ws_url, jpegs, n, args, one))
+                else:
+                    with _ours(args, out) as srv:
+                        runs.append(_load_run("edge_vision", srv.ws_url, jpegs, n, args, srv))
+                if args.compare:
+                    port = free_port()
+                    threads = str(config.engine.onnxruntime.threads or "")
+                    argv = [sys.executable, "-m", "edge_vision.bench.baseline", "--port", str(port)]
+                    if args.model:
+                        argv += ["--model", str(args.model)]
+                    if threads:
+                        argv += ["--threads", threads]
+                    with _Server(argv, port, out / "baseline.log", ready_path=None) as srv:
+                        runs.append(
+                            _load_run("baseline", f"ws://127.0.0.1:{port}/ws", jpegs, n, args, srv)
+                        )
     report = _write_results(out, report, runs, engine_res, partial=False)
     _print_table(runs, engine_res)
     for line in report["ratios"].get("lines", []):
@@ -534,6 +552,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"plot: {p}")
     print(f"results: {out / 'results.json'}")
     return 0
+
+
+def _ours(args: argparse.Namespace, out: Path) -> _Server:
+    """An ``edge-vision serve`` of this bench's settings on a free port (not started yet)."""
+    port = free_port()
+    return _Server(_server_argv(args, port), port, out / "server.log", ready_s=args.server_ready_s)
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
