@@ -128,7 +128,8 @@ def wait_ready(frames: Sequence[Any], stream: Any) -> None:
 
 
 class BatchDecoder(Protocol):
-    """A device decoder behind :class:`DecodeBatcher` (:class:`CudaBatchDecoder`)."""
+    """A device decoder behind :class:`DecodeBatcher`
+    (:class:`~edge_vision.decode_gpu.CudaBatchDecoder`)."""
 
     name: str
 

@@ -209,7 +209,7 @@ def _servers(parent: int | None = None) -> set[int]:
     return pids
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_a_bench_stopped_by_sigterm_keeps_the_counts_it_finished_and_stops_its_server(
     tmp_path: Path,
 ) -> None:
@@ -250,7 +250,7 @@ def test_a_bench_stopped_by_sigterm_keeps_the_counts_it_finished_and_stops_its_s
     assert servers and not servers & _servers(), "the bench's server was left running"
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_one_server_runs_every_camera_count_against_a_server_started_once(
     tmp_path: Path,
 ) -> None:
@@ -268,6 +268,21 @@ def test_one_server_runs_every_camera_count_against_a_server_started_once(
         # the memory samples of this run only (times from its own start, so one pass of
         # rising times; the first run's samples before them would start the clock again)
         times = [t for t, _ in run["rss_mib"]["samples"]]
-        assert times and times == sorted(times) and times[-1] < 3 + 5, times
+        assert times and times == sorted(times), times
     log = (tmp_path / "out" / "server.log").read_text()
     assert log.count("node ready") == 1, log[-3000:]
+
+
+def test_one_server_refuses_compare_rather_than_time_the_baseline_beside_our_server(
+    tmp_path: Path,
+) -> None:
+    argv = [sys.executable, "-m", "edge_vision", "bench", "--one-server", "--compare"]
+    proc = subprocess.run(
+        [*argv, "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=T(60),
+    )
+    assert proc.returncode == 2
+    assert "--one-server and --compare cannot go together" in proc.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything ran

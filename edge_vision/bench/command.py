@@ -473,14 +473,26 @@ def _plots(out: Path, runs: list[dict[str, Any]]) -> list[Path]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..cli import setup_logging
-    from ..models import load_model_spec
-    from .frames import encode_jpegs, generated_frames, video_frames
 
+    if args.one_server and args.compare:
+        # the baseline would be timed beside a resident server of ours
+        print("bench: --one-server and --compare cannot go together", file=sys.stderr)
+        return 2
     config = config_from_args(args)
     setup_logging(config.logging.level)
     # SIGTERM (a `timeout`, a device call's limit) unwinds like Ctrl-C: the server and the
     # camera processes this started are stopped on the way out, and what finished is kept.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return _bench(args, config)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _bench(args: argparse.Namespace, config: Any) -> int:
+    from ..models import load_model_spec
+    from .frames import encode_jpegs, generated_frames, video_frames
+
     width, height = (int(v) for v in args.resolution.lower().split("x"))
     out = args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -500,6 +512,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
         )
         report["engine_only"] = engine_res
+        _write_results(out, report, [], engine_res, partial=True)
     runs: list[dict[str, Any]] = []
     if not args.engine_only:
         if args.video:
@@ -518,9 +531,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         with shared:
             one: _Server | None = None
             for n in cams:
-                # What has finished is on disk before each count starts: a bench stopped by
-                # a timeout (a device call's limit) keeps the counts it completed.
-                _write_results(out, report, runs, engine_res, partial=True)
                 if args.url:
                     runs.append(_load_run("target", args.url, jpegs, n, args, None))
                     continue
@@ -531,6 +541,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 else:
                     with _ours(args, out) as srv:
                         runs.append(_load_run("edge_vision", srv.ws_url, jpegs, n, args, srv))
+                # What has finished is on disk as each run ends: a bench stopped by a
+                # timeout (a device call's limit) keeps the counts it completed.
+                _write_results(out, report, runs, engine_res, partial=True)
                 if args.compare:
                     port = free_port()
                     threads = str(config.engine.onnxruntime.threads or "")
@@ -543,6 +556,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         runs.append(
                             _load_run("baseline", f"ws://127.0.0.1:{port}/ws", jpegs, n, args, srv)
                         )
+                    _write_results(out, report, runs, engine_res, partial=True)
     report = _write_results(out, report, runs, engine_res, partial=False)
     _print_table(runs, engine_res)
     for line in report["ratios"].get("lines", []):
@@ -561,6 +575,8 @@ def _ours(args: argparse.Namespace, out: Path) -> _Server:
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    # Once: a second SIGTERM must not cut the clean-up short (a server half stopped).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 

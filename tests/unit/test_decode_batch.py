@@ -448,5 +448,4 @@ def test_device_decode_bench_times_the_letterbox_a_frame_on_torch_s_cpu_device(
     assert sorted(rows) == ["1", "2"]
     for row in rows.values():
         assert list(row) == ["letterbox"]
-        assert row["letterbox"]["calls"] >= 5
         assert row["letterbox"]["wall_ms"] > 0 and row["letterbox"]["driver_cpu_ms"] > 0
