@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 import yaml
 
-from edge_vision.bench.command import stop_process
+from edge_vision.bench.servers import stop_process
 from edge_vision.jetson_metrics import ROOT_ENV
 
 from .support.clients import connect, frame_binary, frame_json, recv

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from .command import _Server, free_port, serve_argv
+from .servers import Server, free_port, serve_argv
 
 MODES = ("reuse-port", "least-clients")
 
@@ -52,7 +52,7 @@ def run_mode(mode: str, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         "server.max_connections=4096",
     ]
     argv = [*serve_argv(port), *(a for s in sets for a in ("--set", s))]
-    with _Server(argv, port, logs / f"server-{mode}.log", ready_s=args.ready_s):
+    with Server(argv, port, logs / f"server-{mode}.log", ready_s=args.ready_s):
         rounds = []
         for _ in range(args.rounds):
             counts = asyncio.run(_round(f"ws://127.0.0.1:{port}/ws", args.cameras))

@@ -8,8 +8,6 @@ import contextlib
 import json
 import logging
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,12 +16,9 @@ from typing import Any
 from ..cli import add_config_args, config_from_args
 from ..settings import MODES
 from . import __doc__ as _DOC
+from .servers import SERVER_READY_S, Server, free_port, machine, serve_argv
 
 log = logging.getLogger(__name__)
-
-
-#: How long a bench's server may take to become ready (``--server-ready-s``).
-SERVER_READY_S = 300.0
 
 
 def register(sub: Any) -> None:
@@ -85,106 +80,6 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def free_port() -> int:
-    """A loopback TCP port that is free now (the tests' servers take theirs here too)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def stop_process(proc: subprocess.Popen[bytes], sig: int, timeout: float) -> int:
-    """Send a running child ``sig``, give it ``timeout`` seconds to exit, else kill it.
-    Its exit code (the tests stop their servers and nginx here too)."""
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
-
-
-class _Server:
-    """A server process for the duration of a load run, with its memory sampled."""
-
-    def __init__(
-        self,
-        argv: list[str],
-        port: int,
-        log_path: Path,
-        ready_path: str | None = "/readyz",
-        ready_s: float = SERVER_READY_S,
-    ) -> None:
-        """``ready_path`` None: ready once the port accepts (a server without /readyz)."""
-        self.argv, self.port, self.log_path, self.ready_path = argv, port, log_path, ready_path
-        self.ready_s = ready_s
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.rss: list[tuple[float, float]] = []
-
-    def __enter__(self) -> _Server:
-        self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=self._log)
-        try:
-            self._wait_ready()
-        except BaseException:  # not ready in time, or stopped while starting: not left behind
-            self.__exit__()
-            raise
-        return self
-
-    def _wait_ready(self) -> None:
-        import urllib.error
-        import urllib.request
-
-        deadline = time.time() + self.ready_s
-        while time.time() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early; see {self.log_path}")
-            try:
-                if self.ready_path is None:
-                    with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                        return
-                url = f"http://127.0.0.1:{self.port}{self.ready_path}"
-                with urllib.request.urlopen(url, timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server not ready after {self.ready_s:.0f} s; see {self.log_path}")
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
-
-    def sample(self, t: float) -> None:
-        from .load import rss_mib
-
-        if self.proc is not None:
-            mib = rss_mib(self.proc.pid)
-            if mib is not None:
-                self.rss.append((t, mib))
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            stop_process(self.proc, signal.SIGTERM, 20)
-        self._log.close()
-
-
-def serve_argv(port: int) -> list[str]:
-    """``python -m edge_vision serve`` on 127.0.0.1:``port`` (the tests' server too)."""
-    return [
-        sys.executable,
-        "-m",
-        "edge_vision",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-
-
 def _server_argv(args: argparse.Namespace, port: int) -> list[str]:
     argv = serve_argv(port)
     if args.config:
@@ -207,7 +102,7 @@ def _load_run(
     jpegs: list[bytes],
     cameras: int,
     args: argparse.Namespace,
-    server: _Server | None,
+    server: Server | None,
 ) -> dict[str, Any]:
     from tqdm import tqdm
 
@@ -498,7 +393,7 @@ def _bench(args: argparse.Namespace, config: Any) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": _machine(),
+        "machine": machine(),
         "argv": sys.argv,
         "config": config.model_dump(mode="json"),
     }
@@ -529,7 +424,7 @@ def _bench(args: argparse.Namespace, config: Any) -> int:
         cams = [int(c) for c in str(args.cameras).split(",")]
         shared = contextlib.ExitStack()  # --one-server: the server every count runs against
         with shared:
-            one: _Server | None = None
+            one: Server | None = None
             for n in cams:
                 if args.url:
                     runs.append(_load_run("target", args.url, jpegs, n, args, None))
@@ -552,7 +447,7 @@ def _bench(args: argparse.Namespace, config: Any) -> int:
                         argv += ["--model", str(args.model)]
                     if threads:
                         argv += ["--threads", threads]
-                    with _Server(argv, port, out / "baseline.log", ready_path=None) as srv:
+                    with Server(argv, port, out / "baseline.log", ready_path=None) as srv:
                         runs.append(
                             _load_run("baseline", f"ws://127.0.0.1:{port}/ws", jpegs, n, args, srv)
                         )
@@ -568,10 +463,10 @@ def _bench(args: argparse.Namespace, config: Any) -> int:
     return 0
 
 
-def _ours(args: argparse.Namespace, out: Path) -> _Server:
+def _ours(args: argparse.Namespace, out: Path) -> Server:
     """An ``edge-vision serve`` of this bench's settings on a free port (not started yet)."""
     port = free_port()
-    return _Server(_server_argv(args, port), port, out / "server.log", ready_s=args.server_ready_s)
+    return Server(_server_argv(args, port), port, out / "server.log", ready_s=args.server_ready_s)
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
@@ -665,22 +560,3 @@ def _ratios(runs: list[dict[str, Any]], engine: dict[str, Any] | None) -> dict[s
                 f"{b['latency_ms']['p99'] / max(r['latency_ms']['p99'], 1e-9):.1f}x"
             )
     return out
-
-
-def _machine() -> dict[str, Any]:
-    import os
-    import platform
-
-    info: dict[str, Any] = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
-    return info

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .command import _Server, free_port, serve_argv
+from .servers import Server, free_port, serve_argv
 
 
 def _run(
@@ -49,7 +49,7 @@ def _run(
     for s in [*args.set, *extra_set]:
         argv += ["--set", s]
     url = f"ws://127.0.0.1:{port}/ws"
-    with _Server(argv, port, out / f"server-{name.replace(' ', '-').replace(',', '')}.log"):
+    with Server(argv, port, out / f"server-{name.replace(' ', '-').replace(',', '')}.log"):
         start_at = time.time() + 3.0
         polite = CameraPlan(0, url, jpegs, args.fps, args.duration, "binary", "latest", start_at)
         # A flooder is a camera with no frame rate: it writes as fast as the socket takes.
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="output folder (default bench-results/flood-<time>)")
     args = ap.parse_args(argv)
 
-    from .command import _machine
     from .frames import encode_jpegs, generated_frames
+    from .servers import machine
 
     width, height = (int(v) for v in args.resolution.lower().split("x"))
     jpegs = encode_jpegs(generated_frames(width, height, args.frames), 80)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     solo_p95 = runs[0]["polite"]["latency_ms"]["p95"]
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": _machine(),
+        "machine": machine(),
         "argv": sys.argv,
         "runs": runs,
         "p95_ratio": {r["name"]: r["polite"]["latency_ms"]["p95"] / solo_p95 for r in runs[1:]},

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .command import _machine, _Server, free_port, serve_argv
 from .load import cpu_seconds
+from .servers import Server, free_port, machine, serve_argv
 
 
 async def _drive(url: str, clients: int, messages: int, size: int) -> int:
@@ -61,7 +61,7 @@ def one_round(loop: str, args: argparse.Namespace, logs: Path) -> dict[str, Any]
     port = free_port()
     sets = ["server.test_echo_route=true", f"server.event_loop={loop}"]
     argv = [*serve_argv(port), *(arg for s in sets for arg in ("--set", s))]
-    with _Server(argv, port, logs / f"server-{loop}.log") as server:
+    with Server(argv, port, logs / f"server-{loop}.log") as server:
         assert server.proc is not None
         url = f"ws://127.0.0.1:{port}/test/echo"
         spawn = multiprocessing.get_context("spawn")
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         report = {
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "machine": _machine(),
+            "machine": machine(),
             "argv": sys.argv,
             "runs": runs,
             "median": summary,

@@ -37,7 +37,7 @@ from typing import Any
 import aiohttp
 
 from ..receive import encode_binary_frame, encode_json_frame
-from .command import _machine, _Server, free_port, serve_argv
+from .servers import Server, free_port, machine, serve_argv
 from .stats import summary
 
 HOSTILE_KINDS = (
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": _machine(),
+        "machine": machine(),
         "argv": sys.argv,
     }
     if args.url:
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in [f"server.max_message_bytes={args.max_message_bytes}", *args.set]:
             argv_ += ["--set", s]
         log_path = out.with_suffix(".server.log")
-        with _Server(argv_, port, log_path) as srv:
+        with Server(argv_, port, log_path) as srv:
             assert srv.proc is not None
             result = asyncio.run(_run(args, f"ws://127.0.0.1:{port}/ws", srv.proc.pid, jpegs))
         log = log_path.read_text(errors="replace")

@@ -17,8 +17,8 @@ import aiohttp
 from aiohttp import web
 
 from edge_vision.aio import with_timeout
-from edge_vision.bench.command import free_port as free_port  # the support modules' too
-from edge_vision.bench.command import serve_argv, stop_process
+from edge_vision.bench.servers import free_port as free_port  # the support modules' too
+from edge_vision.bench.servers import serve_argv, stop_process
 from edge_vision.config import Config, load_config
 from edge_vision.models import ModelSpec
 from edge_vision.server import STARTUP, create_app
