@@ -404,11 +404,7 @@ def _run_app(
         asyncio.set_event_loop(loop)
         loop.run_until_complete(main())
     finally:
-        rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for t in rest:
-            t.cancel()
-        if rest:
-            loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+        loop.run_until_complete(cancel_and_wait(*asyncio.all_tasks(loop)))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
         asyncio.set_event_loop(None)

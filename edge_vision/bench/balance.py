@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from .servers import Server, free_port, serve_argv
+from .servers import ONE_ADDRESS_SETS, Server, free_port, serve_argv
 
 MODES = ("reuse-port", "least-clients")
 
@@ -43,14 +43,9 @@ async def _round(url: str, cameras: int) -> list[int]:
 
 def run_mode(mode: str, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     port = free_port()
-    sets = [
-        f"server.workers={args.workers}",
-        f"server.worker_balance={mode}",
-        # Every camera comes from this one address: lift the per-address share (each
-        # worker admits ceil(limit / workers) of it) as edge-vision bench does.
-        "limits.max_connections_per_address=4096",
-        "server.max_connections=4096",
-    ]
+    # Every camera comes from this one address: lift the per-address share (each worker
+    # admits ceil(limit / workers) of it) as edge-vision bench does.
+    sets = [f"server.workers={args.workers}", f"server.worker_balance={mode}", *ONE_ADDRESS_SETS]
     argv = [*serve_argv(port), *(a for s in sets for a in ("--set", s))]
     with Server(argv, port, logs / f"server-{mode}.log", ready_s=args.ready_s):
         rounds = []

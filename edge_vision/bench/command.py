@@ -16,7 +16,7 @@ from typing import Any
 from ..cli import add_config_args, config_from_args
 from ..settings import MODES
 from . import __doc__ as _DOC
-from .servers import SERVER_READY_S, Server, free_port, machine, serve_argv
+from .servers import ONE_ADDRESS_SETS, SERVER_READY_S, Server, free_port, machine, serve_argv
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +90,8 @@ def _server_argv(args: argparse.Namespace, port: int) -> list[str]:
         argv += ["--engine", args.engine]
     for s in args.set:
         argv += ["--set", s]
-    # Every simulated camera connects from 127.0.0.1: no per-address share applies here.
-    argv += ["--set", "server.max_connections=4096"]
-    argv += ["--set", "limits.max_connections_per_address=4096"]
+    for s in ONE_ADDRESS_SETS:  # every simulated camera connects from 127.0.0.1
+        argv += ["--set", s]
     return argv
 
 
@@ -422,23 +421,27 @@ def _bench(args: argparse.Namespace, config: Any) -> int:
             "source": str(args.video or "generated"),
         }
         cams = [int(c) for c in str(args.cameras).split(",")]
-        shared = contextlib.ExitStack()  # --one-server: the server every count runs against
-        with shared:
-            one: Server | None = None
+
+        def add(run: dict[str, Any]) -> None:
+            # On disk as each run ends: a bench stopped by a timeout (a device call's
+            # limit) keeps the counts it completed.
+            runs.append(run)
+            _write_results(out, report, runs, engine_res, partial=True)
+
+        with contextlib.ExitStack() as shared:
+            # --one-server: the server every count runs against, started once
+            one = None
+            if args.one_server and not args.url:
+                one = shared.enter_context(_ours(args, out))
             for n in cams:
                 if args.url:
-                    runs.append(_load_run("target", args.url, jpegs, n, args, None))
+                    add(_load_run("target", args.url, jpegs, n, args, None))
                     continue
-                if args.one_server:
-                    if one is None:
-                        one = shared.enter_context(_ours(args, out))
-                    runs.append(_load_run("edge_vision", one.ws_url, jpegs, n, args, one))
+                if one is not None:
+                    add(_load_run("edge_vision", one.ws_url, jpegs, n, args, one))
                 else:
                     with _ours(args, out) as srv:
-                        runs.append(_load_run("edge_vision", srv.ws_url, jpegs, n, args, srv))
-                # What has finished is on disk as each run ends: a bench stopped by a
-                # timeout (a device call's limit) keeps the counts it completed.
-                _write_results(out, report, runs, engine_res, partial=True)
+                        add(_load_run("edge_vision", srv.ws_url, jpegs, n, args, srv))
                 if args.compare:
                     port = free_port()
                     threads = str(config.engine.onnxruntime.threads or "")
@@ -448,10 +451,7 @@ def _bench(args: argparse.Namespace, config: Any) -> int:
                     if threads:
                         argv += ["--threads", threads]
                     with Server(argv, port, out / "baseline.log", ready_path=None) as srv:
-                        runs.append(
-                            _load_run("baseline", f"ws://127.0.0.1:{port}/ws", jpegs, n, args, srv)
-                        )
-                    _write_results(out, report, runs, engine_res, partial=True)
+                        add(_load_run("baseline", srv.ws_url, jpegs, n, args, srv))
     report = _write_results(out, report, runs, engine_res, partial=False)
     _print_table(runs, engine_res)
     for line in report["ratios"].get("lines", []):

@@ -29,7 +29,6 @@ figures. Run::
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -128,16 +127,20 @@ def measure_library(
     try:
         for b in batches:
             held = decoded(pick(0, b))
-            row = {
-                "letterbox": _time(functools.partial(_ignore_index, letterbox, held), b, seconds)
-            }
+
+            def letterbox_only(_i: int, held: list[Any] = held) -> None:
+                letterbox(held)
+
+            row = {"letterbox": _time(letterbox_only, b, seconds)}
             if not decode_on_host:
 
                 def decode_only(i: int, b: int = b) -> None:
                     decoded(pick(i, b))
 
                 def whole(i: int, b: int = b) -> None:
-                    _whole(dec, pick(i, b), plan)
+                    # decode.device_wait host (the decoder's default): it returns once its
+                    # stream has finished, as in the service
+                    dec.decode_batch([_request(d, plan) for d in pick(i, b)])
 
                 row["decode"] = _time(decode_only, b, seconds)
                 row["decode_batch"] = _time(whole, b, seconds)
@@ -145,18 +148,6 @@ def measure_library(
     finally:
         dec._streams.put(stream)
     return rows
-
-
-def _ignore_index(fn: Callable[[list[Any]], None], images: list[Any], _i: int) -> None:
-    fn(images)
-
-
-def _whole(dec: CudaBatchDecoder, datas: Sequence[bytes], plan: Letterbox) -> None:
-    out = dec.decode_batch([_request(d, plan) for d in datas])
-    for o in out:
-        ready = getattr(getattr(o, "frame", None), "ready", None)
-        if ready is not None:
-            ready.synchronize()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -189,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         "runs": {},
     }
     variants: list[tuple[str, str, int]] = []
-    if device.startswith("cuda"):
+    if cuda:
         for lib in args.libraries:
             threads = args.cpu_threads if lib == "nvimgcodec" else [args.cpu_threads[0]]
             variants += [
@@ -204,9 +195,7 @@ def main(argv: list[str] | None = None) -> None:
             result["runs"][name] = {"error": repr(e)}
             print(f"{name}: {e!r}")
             continue
-        rows = measure_library(
-            dec, jpegs, plan, args.batches, args.seconds, not device.startswith("cuda")
-        )
+        rows = measure_library(dec, jpegs, plan, args.batches, args.seconds, not cuda)
         result["runs"][name] = rows
         print(f"== {name}")
         print(f"{'batch':>5} {'stage':<13} {'wall ms':>8} {'driver CPU':>10} {'other CPU':>9}")

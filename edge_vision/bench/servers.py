@@ -107,6 +107,11 @@ class Server:
         self._log.close()
 
 
+#: Settings for a bench's server whose clients all come from 127.0.0.1: no per-address
+#: share of the node's limits applies to simulated cameras.
+ONE_ADDRESS_SETS = ("server.max_connections=4096", "limits.max_connections_per_address=4096")
+
+
 def serve_argv(port: int) -> list[str]:
     """``python -m edge_vision serve`` on 127.0.0.1:``port`` (the tests' server too)."""
     return [
