@@ -520,6 +520,16 @@ class DecodeConfig(_Section):
     device_streams: int = Field(
         2, ge=1, le=8, description="Device decode calls in flight at once, one stream each."
     )
+    device_window_ms: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="How long the oldest frame waiting for a device decode waits for others "
+        "before its call goes (decode.device cuda; decode.device_batch frames go at once). "
+        "0: a frame goes as soon as a device stream is free. A device call costs the host "
+        "about the same whatever its batch (docs/benchmarks.md), so a few milliseconds here "
+        "buy fewer, fuller calls, and fuller engine batches after them, for that much latency.",
+    )
     device_wait: Literal["host", "stream"] = Field(
         "host",
         description="Who waits for a device decode (decode.device cuda): host, the decode "

@@ -24,7 +24,8 @@ host, which raises ``bad_image`` for a corrupt one, so only that frame fails.
 
 :class:`DecodeBatcher` feeds either from the event loop: frames for the device are
 batched (everything waiting when a device stream frees up, at most ``decode.device_batch``
-frames), frames for the host are decoded one per worker-pool job, as before.
+frames; with ``decode.device_window_ms``, not before the oldest of them has waited that
+long), frames for the host are decoded one per worker-pool job, as before.
 
 How the device decoder orders its work against the engines' streams, and which memory it
 holds until when, is said in :mod:`edge_vision.decode_gpu`.
@@ -245,8 +246,12 @@ class DecodeBatcher:
 
     Device frames wait while all ``in_flight`` device calls are busy; when one finishes,
     everything waiting (up to ``max_batch``) goes in the next call, so batches grow with
-    the load and a lone frame is decoded at once. Host frames are one worker job each in
-    the shared pool; device calls run on ``in_flight`` threads of their own.
+    the load and a lone frame is decoded at once. With ``window_s`` > 0 a call also waits
+    until its oldest frame has waited ``window_s`` (or ``max_batch`` frames wait): the
+    host's cost of a device call is a cost a call, not a frame (docs/benchmarks.md), so a
+    worker with few cameras trades that much latency for fewer, fuller calls. Host frames
+    are one worker job each in the shared pool; device calls run on ``in_flight`` threads
+    of their own.
     """
 
     def __init__(
@@ -257,6 +262,7 @@ class DecodeBatcher:
         *,
         max_batch: int,
         in_flight: int,
+        window_s: float = 0.0,
         release: Callable[[Prepared], None] | None = None,
     ) -> None:
         self.host = host
@@ -264,11 +270,14 @@ class DecodeBatcher:
         self.executor = executor
         self.max_batch = max_batch
         self.in_flight = in_flight
+        self.window_s = window_s
+        self._window_timer: asyncio.TimerHandle | None = None
         # Gives back the canvas of a frame whose caller went away while it was decoded.
         self._release = release
         self._abandoned: set[concurrent.futures.Future[Prepared]] = set()
         self._abandoned_lock = threading.Lock()
-        self._waiting: list[tuple[DecodeRequest, asyncio.Future[Prepared]]] = []
+        # (request, its caller's future, when it arrived by the loop's clock)
+        self._waiting: list[tuple[DecodeRequest, asyncio.Future[Prepared], float]] = []
         self._running = 0
         # A device call holds its thread while the GPU works (it waits for its stream):
         # a thread per call in flight of its own, so that post-processing and host decodes
@@ -291,7 +300,7 @@ class DecodeBatcher:
                 job.add_done_callback(self._release_abandoned)
                 raise
         fut: asyncio.Future[Prepared] = loop.create_future()
-        self._waiting.append((request, fut))
+        self._waiting.append((request, fut, loop.time()))
         self._kick(loop)
         return await fut
 
@@ -305,6 +314,9 @@ class DecodeBatcher:
     async def drain(self) -> None:
         """Wait until the decodes whose callers went away have finished (and given back
         their canvases), then let the device calls' threads go."""
+        if self._window_timer is not None:
+            self._window_timer.cancel()
+            self._window_timer = None
         with self._abandoned_lock:
             jobs = list(self._abandoned)
         if jobs:
@@ -313,10 +325,20 @@ class DecodeBatcher:
 
     def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._waiting and self._running < self.in_flight:
-            batch = self._waiting[: self.max_batch]
+            if self.window_s > 0 and len(self._waiting) < self.max_batch:
+                due = self._waiting[0][2] + self.window_s
+                if loop.time() < due:  # the oldest has not waited its window yet
+                    if self._window_timer is None:
+                        self._window_timer = loop.call_at(due, self._window_over, loop)
+                    return
+            batch = [(r, f) for r, f, _ in self._waiting[: self.max_batch]]
             del self._waiting[: self.max_batch]
             self._running += 1
             loop.create_task(self._run(loop, batch))
+
+    def _window_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._window_timer = None
+        self._kick(loop)
 
     async def _run(
         self,

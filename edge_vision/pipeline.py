@@ -104,6 +104,7 @@ class FramePipeline:
             self.executor,
             max_batch=d.device_batch,
             in_flight=d.device_streams,
+            window_s=d.device_window_ms / 1000,
             release=self.release,
         )
         self._opencv_threads: int | None = None  # what _set_opencv_threads last set

@@ -101,6 +101,13 @@ def _stand_in(pipeline: FramePipeline) -> _StandInNvjpeg:
     return _StandInNvjpeg(pipeline.host_decoder, device="cpu")
 
 
+@pytest.fixture
+def stand_in(pipeline: FramePipeline) -> _StandInNvjpeg:
+    """:func:`_stand_in` made before an async test's loop runs: torch's first use reads
+    files, which the event loop must not (blockbuster)."""
+    return _stand_in(pipeline)
+
+
 def test_routing_sends_baseline_colour_and_grey_jpegs_to_the_device_the_rest_to_the_host(
     pipeline: FramePipeline,
 ) -> None:
@@ -205,9 +212,9 @@ def test_mock_device_decoder_sends_png_and_progressive_frames_the_host_way(
 
 
 async def test_mock_decode_batcher_batches_waiting_device_frames_and_keeps_host_frames_apart(
-    pipeline: FramePipeline,
+    pipeline: FramePipeline, stand_in: _StandInNvjpeg
 ) -> None:
-    dec = _stand_in(pipeline)
+    dec = stand_in
     batcher = DecodeBatcher(
         pipeline.host_decoder, dec, pipeline.executor, max_batch=64, in_flight=1
     )
@@ -226,6 +233,41 @@ async def test_mock_decode_batcher_batches_waiting_device_frames_and_keeps_host_
     assert all(isinstance(r, Prepared) and r.on_device for r in results[:9])
     assert isinstance(results[9], ClientError) and results[9].code == "bad_image"
     assert all(isinstance(r, Prepared) and not r.on_device for r in results[10:])
+    await pipeline.close()
+
+
+async def test_mock_decode_window_gathers_frames_into_one_call_and_a_full_batch_goes_at_once(
+    pipeline: FramePipeline, stand_in: _StandInNvjpeg
+) -> None:
+    """decode.device_window_ms: the first frame waits for the others instead of going
+    alone, a lone frame goes after its window (never before), and max_batch frames go at
+    once however long the window."""
+    dec = stand_in
+    loop = asyncio.get_running_loop()
+    jpegs = [text_scene(320, 180, seed=s).jpeg() for s in range(6)]
+    requests = [_request(pipeline, d) for d in jpegs]
+
+    gathered = DecodeBatcher(
+        pipeline.host_decoder, dec, pipeline.executor, max_batch=64, in_flight=1, window_s=0.05
+    )
+    first = asyncio.ensure_future(gathered.decode(requests[0]))
+    await asyncio.sleep(0.01)  # arrives inside the first frame's window
+    rest = await asyncio.gather(*(gathered.decode(r) for r in requests[1:]))
+    assert all(isinstance(r, Prepared) and r.on_device for r in [await first, *rest])
+    assert (gathered.batches, gathered.batched_frames) == (1, 6)  # window 0: 2 calls
+
+    t0 = loop.time()
+    alone = await gathered.decode(requests[0])
+    assert alone.on_device and loop.time() - t0 >= 0.05
+    assert (gathered.batches, gathered.batched_frames) == (2, 7)
+
+    full = DecodeBatcher(
+        pipeline.host_decoder, dec, pipeline.executor, max_batch=3, in_flight=1, window_s=60.0
+    )
+    done = await asyncio.wait_for(asyncio.gather(*(full.decode(r) for r in requests[:3])), 30)
+    assert len(done) == 3 and (full.batches, full.batched_frames) == (1, 3)
+    await gathered.drain()
+    await full.drain()
     await pipeline.close()
 
 
