@@ -1,6 +1,6 @@
 """``edge-vision doctor``: on this CPU machine every check is there, the GPU and TensorRT
 ones say "not available" with the reason, ONNX Runtime really runs; with the MOCK
-TensorRT (tests/test_tensorrt_mocked.py) the plan and engine paths run too."""
+TensorRT (tests/support/mock_tensorrt.py) the plan and engine paths run too."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from edge_vision.doctor import (
     relative_error,
 )
 
+from .support.mock_tensorrt import MockCudaRuntime, MockState, mock_trt  # noqa: F401 - fixture
 from .support.server import make_config
-from .test_tensorrt_mocked import MockCudaRuntime, MockState, mock_trt  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(180)
 

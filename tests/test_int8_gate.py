@@ -1,7 +1,7 @@
 """The INT8 accuracy gate: an INT8 plan whose detections agree with ONNX Runtime's on
 held-back calibration frames is used; one that does not is refused, with the figures,
 and FP16 is used instead (logged, remembered). TensorRT is the MOCK of
-tests/test_tensorrt_mocked.py; "a plan that does not agree" is made by mocking the INT8
+tests/support/mock_tensorrt.py; "a plan that does not agree" is made by mocking the INT8
 engine's detections (real TensorRT cannot run here)."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from edge_vision.engines import create_engine
 from edge_vision.engines.tensorrt import int8_gate
 from edge_vision.models import ModelSpec
 
+from .support.mock_tensorrt import MockState, mock_trt  # noqa: F401 - the fixture
 from .support.server import make_config
 from .support.video import write_image_folder
-from .test_tensorrt_mocked import MockState, mock_trt  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(180)
 

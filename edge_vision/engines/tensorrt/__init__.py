@@ -16,7 +16,8 @@
 * :mod:`.library`: the lazy import and the process's one TensorRT logger.
 
 Everything but the TensorRT calls is plain code tested on CPUs (tests/test_trt_plan.py);
-the calls are driven with a fake ``tensorrt`` module (tests/test_tensorrt_mocked.py).
+the calls are driven with a fake ``tensorrt`` module (tests/support/mock_tensorrt.py, used
+by tests/test_tensorrt_*_mocked.py).
 Written against the TensorRT 10 Python API; not run against a real TensorRT here.
 """
 
