@@ -269,6 +269,11 @@ async def test_mock_decode_window_gathers_frames_into_one_call_and_a_full_batch_
     await gathered.drain()
     await full.drain()
     await pipeline.close()
+    # The setting reaches the pipeline's batcher.
+    cfg = make_config({"engine": {"kind": "onnxruntime"}, "decode": {"device_window_ms": 12}})
+    configured = FramePipeline(cfg, InferenceService(pipeline.service.spec, cfg))
+    assert configured.decoding.window_s == pytest.approx(0.012)
+    await configured.close()
 
 
 async def test_service_end_to_end_through_the_host_batch_decoder(spec: ModelSpec) -> None:
