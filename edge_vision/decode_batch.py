@@ -264,6 +264,7 @@ class DecodeBatcher:
         in_flight: int,
         window_s: float = 0.0,
         release: Callable[[Prepared], None] | None = None,
+        on_batch: Callable[[int], None] | None = None,
     ) -> None:
         self.host = host
         self.device = device
@@ -272,8 +273,10 @@ class DecodeBatcher:
         self.in_flight = in_flight
         self.window_s = window_s
         self._window_timer: asyncio.TimerHandle | None = None
+        self._closing = False  # drain() began: frames go without waiting for a window
         # Gives back the canvas of a frame whose caller went away while it was decoded.
         self._release = release
+        self._on_batch = on_batch  # sees each device call's frame count (metrics)
         self._abandoned: set[concurrent.futures.Future[Prepared]] = set()
         self._abandoned_lock = threading.Lock()
         # (request, its caller's future, when it arrived by the loop's clock)
@@ -312,11 +315,17 @@ class DecodeBatcher:
             self._release(job.result())
 
     async def drain(self) -> None:
-        """Wait until the decodes whose callers went away have finished (and given back
-        their canvases), then let the device calls' threads go."""
+        """Send the frames still inside their window and wait for them, wait until the
+        decodes whose callers went away have finished (and given back their canvases),
+        then let the device calls' threads go."""
+        self._closing = True  # no more windows: nothing would send a frame that waits
         if self._window_timer is not None:
             self._window_timer.cancel()
             self._window_timer = None
+        waiting = [fut for _, fut, _ in self._waiting]
+        self._kick(asyncio.get_running_loop())
+        if waiting:
+            await asyncio.gather(*(asyncio.shield(f) for f in waiting), return_exceptions=True)
         with self._abandoned_lock:
             jobs = list(self._abandoned)
         if jobs:
@@ -325,7 +334,7 @@ class DecodeBatcher:
 
     def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._waiting and self._running < self.in_flight:
-            if self.window_s > 0 and len(self._waiting) < self.max_batch:
+            if self.window_s > 0 and not self._closing and len(self._waiting) < self.max_batch:
                 due = self._waiting[0][2] + self.window_s
                 if loop.time() < due:  # the oldest has not waited its window yet
                     if self._window_timer is None:
@@ -363,6 +372,8 @@ class DecodeBatcher:
             self._kick(loop)
         self.batches += 1
         self.batched_frames += len(batch)
+        if self._on_batch is not None:
+            self._on_batch(len(batch))
         for (_, fut), outcome in zip(batch, outcomes, strict=True):
             if fut.done():  # the frame's caller went away: its canvas goes back
                 if isinstance(outcome, Prepared) and self._release is not None:

@@ -79,6 +79,12 @@ class Metrics:
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
             registry=r,
         )
+        self.decode_batch_size = Histogram(
+            p + "decode_batch_size",
+            "Frames per GPU decode call (decode.device; decode.device_window_ms fills them)",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
+            registry=r,
+        )
         self.batch_wait_seconds = Histogram(
             p + "batch_wait_seconds",
             "Oldest frame's wait in the batcher",

@@ -106,6 +106,7 @@ class FramePipeline:
             in_flight=d.device_streams,
             window_s=d.device_window_ms / 1000,
             release=self.release,
+            on_batch=None if service.metrics is None else service.metrics.decode_batch_size.observe,
         )
         self._opencv_threads: int | None = None  # what _set_opencv_threads last set
         service.on_engine_change(self._engine_changed)

@@ -36,6 +36,7 @@ from edge_vision.decode_batch import (
 from edge_vision.decode_gpu import CudaBatchDecoder
 from edge_vision.errors import ClientError
 from edge_vision.infer import InferenceService
+from edge_vision.metrics import Metrics
 from edge_vision.models import ModelSpec
 from edge_vision.pipeline import FramePipeline
 from edge_vision.receive import FrameMessage
@@ -99,6 +100,12 @@ class _StandInNvjpeg(CudaBatchDecoder):
 def _stand_in(pipeline: FramePipeline) -> _StandInNvjpeg:
     pytest.importorskip("torch", reason="the device decoder's control flow runs on torch")
     return _StandInNvjpeg(pipeline.host_decoder, device="cpu")
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    """Made before an async test's loop runs: its collectors look at files."""
+    return Metrics()
 
 
 @pytest.fixture
@@ -248,7 +255,7 @@ async def test_mock_decode_window_gathers_frames_into_one_call_and_a_full_batch_
     requests = [_request(pipeline, d) for d in jpegs]
 
     gathered = DecodeBatcher(
-        pipeline.host_decoder, dec, pipeline.executor, max_batch=64, in_flight=1, window_s=0.05
+        pipeline.host_decoder, dec, pipeline.executor, max_batch=64, in_flight=1, window_s=0.2
     )
     first = asyncio.ensure_future(gathered.decode(requests[0]))
     await asyncio.sleep(0.01)  # arrives inside the first frame's window
@@ -258,7 +265,7 @@ async def test_mock_decode_window_gathers_frames_into_one_call_and_a_full_batch_
 
     t0 = loop.time()
     alone = await gathered.decode(requests[0])
-    assert alone.on_device and loop.time() - t0 >= 0.05
+    assert alone.on_device and loop.time() - t0 >= 0.2
     assert (gathered.batches, gathered.batched_frames) == (2, 7)
 
     full = DecodeBatcher(
@@ -274,6 +281,30 @@ async def test_mock_decode_window_gathers_frames_into_one_call_and_a_full_batch_
     configured = FramePipeline(cfg, InferenceService(pipeline.service.spec, cfg))
     assert configured.decoding.window_s == pytest.approx(0.012)
     await configured.close()
+
+
+async def test_mock_closing_sends_a_frame_still_inside_its_decode_window_and_counts_the_call(
+    spec: ModelSpec, stand_in: _StandInNvjpeg, metrics: Metrics
+) -> None:
+    """A frame waiting out a long window when the pipeline closes is decoded and answered,
+    not left waiting for a timer that closing cancelled; the call shows in
+    edge_vision_decode_batch_size."""
+    cfg = make_config({"engine": {"kind": "onnxruntime"}, "decode": {"device_window_ms": 100}})
+    pipe = FramePipeline(cfg, InferenceService(spec, cfg, metrics=metrics))
+    pipe.decoding.device = stand_in  # what a CUDA engine's start sets (_engine_changed)
+    pipe.decoding.window_s = 60.0
+    waiting = asyncio.ensure_future(
+        pipe.decoding.decode(_request(pipe, blank_scene(320, 180).jpeg()))
+    )
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # inside its window
+    await asyncio.wait_for(pipe.decoding.drain(), 30)
+    got = await asyncio.wait_for(waiting, 5)
+    assert isinstance(got, Prepared) and got.on_device
+    text = metrics.render().decode()
+    assert "edge_vision_decode_batch_size_count 1.0" in text
+    assert "edge_vision_decode_batch_size_sum 1.0" in text
+    await pipe.close()
 
 
 async def test_service_end_to_end_through_the_host_batch_decoder(spec: ModelSpec) -> None:
