@@ -14,6 +14,7 @@ import dataclasses
 import io
 import json
 import struct
+import time
 import types
 from pathlib import Path
 from typing import Any, ClassVar
@@ -281,6 +282,37 @@ async def test_mock_decode_window_gathers_frames_into_one_call_and_a_full_batch_
     configured = FramePipeline(cfg, InferenceService(pipeline.service.spec, cfg))
     assert configured.decoding.window_s == pytest.approx(0.012)
     await configured.close()
+
+
+async def test_mock_a_frame_that_waited_for_a_busy_stream_is_not_held_for_a_second_window(
+    pipeline: FramePipeline, stand_in: _StandInNvjpeg, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window counts from a frame's arrival: a frame that waited out its window behind
+    a busy device call goes as soon as that call ends, not a window later."""
+    slow = stand_in
+    decode_batch = slow.decode_batch
+
+    def one_second_call(requests: Any) -> Any:
+        time.sleep(1.0)  # a device thread's call; the loop stays free
+        return decode_batch(requests)
+
+    monkeypatch.setattr(slow, "decode_batch", one_second_call)
+    batcher = DecodeBatcher(
+        pipeline.host_decoder, slow, pipeline.executor, max_batch=64, in_flight=1, window_s=0.5
+    )
+    loop = asyncio.get_running_loop()
+    a_req, b_req = (_request(pipeline, text_scene(320, 180, seed=s).jpeg()) for s in (1, 2))
+    t0 = loop.time()
+    a = asyncio.ensure_future(batcher.decode(a_req))  # goes at 0.5 s, busy until 1.5 s
+    await asyncio.sleep(0.6)
+    b = await batcher.decode(b_req)  # waited 0.9 s by 1.5 s: goes then, done at 2.5 s
+    b_done = loop.time() - t0
+    assert isinstance(await a, Prepared) and isinstance(b, Prepared)
+    assert (batcher.batches, batcher.batched_frames) == (2, 2)
+    # Held for a window from the stream's release instead, it would end at 3.0 s.
+    assert 2.4 <= b_done < 2.9, b_done
+    await batcher.drain()
+    await pipeline.close()
 
 
 async def test_mock_closing_sends_a_frame_still_inside_its_decode_window_and_counts_the_call(
