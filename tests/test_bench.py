@@ -169,6 +169,32 @@ def test_the_loop_bench_times_the_server_s_cpu_a_message_on_each_loop(tmp_path: 
     assert "µs server CPU a message" in proc.stdout
 
 
+@pytest.mark.timeout(120)
+def test_the_handoff_bench_passes_every_frame_through_shared_memory_and_times_both_sides(
+    tmp_path: Path,
+) -> None:
+    """python -m edge_vision.bench.handoff, tiny: every frame's reply comes back from the
+    other process (the bench fails on a reply that is not its frame's), and both sides'
+    CPU a frame is reported for each batch size."""
+    out = tmp_path / "handoff.json"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "edge_vision.bench.handoff", "--frames", "3000"),
+            *("--batches", "1,8", "--rounds", "1", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=T(100),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert [r["batch"] for r in report["runs"]] == [1, 8]
+    for r in report["runs"]:
+        assert r["frames"] == 3000 and r["frames_per_s"] > 0
+        assert r["worker_cpu_us_per_frame"] > 0 and r["gpu_process_cpu_us_per_frame"] > 0
+    assert set(report["median"]) == {"1", "8"}
+
+
 @pytest.mark.timeout(180)
 def test_engine_only_waits_for_its_start_time_so_processes_are_timed_together(
     tmp_path: Path,

@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from .load import cpu_seconds
-from .servers import Server, free_port, machine, serve_argv
+from .servers import Server, free_port, medians, serve_argv, write_report
 
 
 async def _drive(url: str, clients: int, messages: int, size: int) -> int:
@@ -111,13 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"a message, {run['messages_per_s']:7.0f} messages/s",
                     flush=True,
                 )
-    summary = {
-        loop: {
-            key: statistics.median(x[key] for x in runs if x["loop"] == loop)
-            for key in ("server_cpu_us_per_message", "messages_per_s")
-        }
-        for loop in loops
-    }
+    summary = medians(runs, "loop", ("server_cpu_us_per_message", "messages_per_s"))
     print(f"\nmedian of {args.rounds} rounds, {args.clients} clients × {args.messages} messages")
     print(f"of {args.bytes:,} bytes:")
     for loop, s in summary.items():
@@ -126,15 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['messages_per_s']:7.0f} messages/s"
         )
     if args.json:
-        report = {
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "machine": machine(),
-            "argv": sys.argv,
-            "runs": runs,
-            "median": summary,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
+        write_report(args.json, runs, summary)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The processes a bench starts and the machine it ran on.
+"""The processes a bench starts, the machine it ran on, and the report it writes.
 
 :class:`Server` is one ``edge-vision serve`` (or any server with a port) for the length of a
 load run: started, waited for until ready, its memory sampled, stopped with SIGTERM (killed
@@ -144,3 +144,33 @@ def machine() -> dict[str, Any]:
     except ImportError:
         pass
     return info
+
+
+def medians(
+    runs: list[dict[str, Any]], by: str, keys: tuple[str, ...]
+) -> dict[str, dict[str, float]]:
+    """Per value of ``runs``' field ``by`` (in first-seen order), the median of each of
+    ``keys`` over the rounds: the small benches' summary."""
+    import statistics
+
+    values = list(dict.fromkeys(r[by] for r in runs))
+    return {
+        str(v): {k: statistics.median(r[k] for r in runs if r[by] == v) for k in keys}
+        for v in values
+    }
+
+
+def write_report(path: Path, runs: list[dict[str, Any]], median: dict[str, Any]) -> None:
+    """A small bench's results.json: when, where, how it was called, every round, the
+    medians."""
+    import json
+
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": machine(),
+        "argv": sys.argv,
+        "runs": runs,
+        "median": median,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))
