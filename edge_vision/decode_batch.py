@@ -248,7 +248,7 @@ class DecodeBatcher:
     everything waiting (up to ``max_batch``) goes in the next call, so batches grow with
     the load and a lone frame is decoded at once. With ``window_s`` > 0 a call also waits
     until its oldest frame has waited ``window_s`` (or ``max_batch`` frames wait): the
-    host's cost of a device call is a cost a call, not a frame (docs/benchmarks.md), so a
+    host's cost of a device call is mostly a cost a call (docs/benchmarks.md), so a
     worker with few cameras trades that much latency for fewer, fuller calls. Host frames
     are one worker job each in the shared pool; device calls run on ``in_flight`` threads
     of their own.
@@ -273,7 +273,6 @@ class DecodeBatcher:
         self.in_flight = in_flight
         self.window_s = window_s
         self._window_timer: asyncio.TimerHandle | None = None
-        self._closing = False  # drain() began: frames go without waiting for a window
         # Gives back the canvas of a frame whose caller went away while it was decoded.
         self._release = release
         self._on_batch = on_batch  # sees each device call's frame count (metrics)
@@ -318,7 +317,7 @@ class DecodeBatcher:
         """Send the frames still inside their window and wait for them, wait until the
         decodes whose callers went away have finished (and given back their canvases),
         then let the device calls' threads go."""
-        self._closing = True  # no more windows: nothing would send a frame that waits
+        self.window_s = 0.0  # no more windows: nothing would send a frame that waits
         if self._window_timer is not None:
             self._window_timer.cancel()
             self._window_timer = None
@@ -334,7 +333,7 @@ class DecodeBatcher:
 
     def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._waiting and self._running < self.in_flight:
-            if self.window_s > 0 and not self._closing and len(self._waiting) < self.max_batch:
+            if self.window_s > 0 and len(self._waiting) < self.max_batch:
                 due = self._waiting[0][2] + self.window_s
                 if loop.time() < due:  # the oldest has not waited its window yet
                     if self._window_timer is None:

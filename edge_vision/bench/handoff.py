@@ -109,8 +109,7 @@ async def _drive(
 ) -> float:
     """The worker's side: ``frames`` frames in messages of ``batch``, one in flight; returns
     the GPU process's CPU seconds for them."""
-    slots = batch
-    frame_at, reply_at = _slot_offsets(slots, size, reply)
+    frame_at, reply_at = _slot_offsets(batch, size, reply)
     expect = payload[0] ^ payload[-1]  # what the stand-in writes from each frame
     reader, writer = await asyncio.open_unix_connection(path)
     sent = 0

@@ -9,8 +9,10 @@ tests take :func:`free_port`, :func:`serve_argv` and :func:`stop_process` from h
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -151,8 +153,6 @@ def medians(
 ) -> dict[str, dict[str, float]]:
     """Per value of ``runs``' field ``by`` (in first-seen order), the median of each of
     ``keys`` over the rounds: the small benches' summary."""
-    import statistics
-
     values = list(dict.fromkeys(r[by] for r in runs))
     return {
         str(v): {k: statistics.median(r[k] for r in runs if r[by] == v) for k in keys}
@@ -163,8 +163,6 @@ def medians(
 def write_report(path: Path, runs: list[dict[str, Any]], median: dict[str, Any]) -> None:
     """A small bench's results.json: when, where, how it was called, every round, the
     medians."""
-    import json
-
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine(),

@@ -321,10 +321,10 @@ async def test_mock_closing_sends_a_frame_still_inside_its_decode_window_and_cou
     """A frame waiting out a long window when the pipeline closes is decoded and answered,
     not left waiting for a timer that closing cancelled; the call shows in
     edge_vision_decode_batch_size."""
-    cfg = make_config({"engine": {"kind": "onnxruntime"}, "decode": {"device_window_ms": 100}})
+    cfg = make_config({"engine": {"kind": "onnxruntime"}})
     pipe = FramePipeline(cfg, InferenceService(spec, cfg, metrics=metrics))
     pipe.decoding.device = stand_in  # what a CUDA engine's start sets (_engine_changed)
-    pipe.decoding.window_s = 60.0
+    pipe.decoding.window_s = 60.0  # far longer than the test
     waiting = asyncio.ensure_future(
         pipe.decoding.decode(_request(pipe, blank_scene(320, 180).jpeg()))
     )
