@@ -534,6 +534,15 @@ class DecodeConfig(_Section):
         "at 64 cameras on an H200, 12 ms took 40 % off the server's CPU a frame "
         "(docs/deployment.md).",
     )
+    device_window_adaptive: bool = Field(
+        True,
+        description="With decode.device_window_ms above 0: hold a device decode call only "
+        "while the recent gaps between this worker's device frames (an average over about "
+        "eight) say another frame will arrive before the oldest one's window ends, so a "
+        "worker whose frames come further apart than the window (one camera, a light load) "
+        "adds no latency for a call that would carry one frame anyway. false: every call "
+        "waits out the window.",
+    )
     device_wait: Literal["host", "stream"] = Field(
         "host",
         description="Who waits for a device decode (decode.device cuda): host, the decode "

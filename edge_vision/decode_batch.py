@@ -25,7 +25,8 @@ host, which raises ``bad_image`` for a corrupt one, so only that frame fails.
 :class:`DecodeBatcher` feeds either from the event loop: frames for the device are
 batched (everything waiting when a device stream frees up, at most ``decode.device_batch``
 frames; with ``decode.device_window_ms``, not before the oldest of them has waited that
-long), frames for the host are decoded one per worker-pool job, as before.
+long, and with ``decode.device_window_adaptive`` only while the recent arrivals say another
+frame is due inside it), frames for the host are decoded one per worker-pool job, as before.
 
 How the device decoder orders its work against the engines' streams, and which memory it
 holds until when, is said in :mod:`edge_vision.decode_gpu`.
@@ -249,10 +250,16 @@ class DecodeBatcher:
     the load and a lone frame is decoded at once. With ``window_s`` > 0 a call also waits
     until its oldest frame has waited ``window_s`` (or ``max_batch`` frames wait): the
     host's cost of a device call is mostly a cost a call (docs/benchmarks.md), so a
-    worker with few cameras trades that much latency for fewer, fuller calls. Host frames
-    are one worker job each in the shared pool; device calls run on ``in_flight`` threads
-    of their own.
+    worker with few cameras trades that much latency for fewer, fuller calls. With
+    ``adaptive`` the call waits only while another frame is expected inside the window
+    (the last arrival plus the recent gap between device frames, an average over about
+    eight gaps, falls before the oldest frame's window ends), so a worker whose frames come
+    further apart than the window, one camera or a light load, pays no latency for a call
+    that would carry one frame anyway. Host frames are one worker job each in the shared
+    pool; device calls run on ``in_flight`` threads of their own.
     """
+
+    GAP_WEIGHT = 1 / 8  # how much each new gap between device frames moves the average
 
     def __init__(
         self,
@@ -263,6 +270,7 @@ class DecodeBatcher:
         max_batch: int,
         in_flight: int,
         window_s: float = 0.0,
+        adaptive: bool = False,
         release: Callable[[Prepared], None] | None = None,
         on_batch: Callable[[int], None] | None = None,
     ) -> None:
@@ -272,7 +280,13 @@ class DecodeBatcher:
         self.max_batch = max_batch
         self.in_flight = in_flight
         self.window_s = window_s
+        self.adaptive = adaptive
         self._window_timer: asyncio.TimerHandle | None = None
+        # The average gap between device frames' arrivals (adaptive), each gap counted at
+        # most two windows, so an idle spell says only "further apart than the window";
+        # None until a second frame came (the first does not wait).
+        self._gap_s: float | None = None
+        self._last_arrival: float | None = None
         # Gives back the canvas of a frame whose caller went away while it was decoded.
         self._release = release
         self._on_batch = on_batch  # sees each device call's frame count (metrics)
@@ -302,7 +316,13 @@ class DecodeBatcher:
                 job.add_done_callback(self._release_abandoned)
                 raise
         fut: asyncio.Future[Prepared] = loop.create_future()
-        self._waiting.append((request, fut, loop.time()))
+        now = loop.time()
+        if self._last_arrival is not None:
+            gap = min(now - self._last_arrival, 2 * self.window_s)
+            average = self._gap_s
+            self._gap_s = gap if average is None else average + (gap - average) * self.GAP_WEIGHT
+        self._last_arrival = now
+        self._waiting.append((request, fut, now))
         self._kick(loop)
         return await fut
 
@@ -331,11 +351,20 @@ class DecodeBatcher:
             await asyncio.gather(*(asyncio.wrap_future(j) for j in jobs), return_exceptions=True)
         await asyncio.to_thread(self._device_threads.shutdown, True)
 
+    def _another_due_by(self, due: float) -> bool:
+        """Whether another device frame is expected before ``due`` (adaptive window)."""
+        if not self.adaptive:
+            return True
+        last, gap = self._last_arrival, self._gap_s
+        return last is not None and gap is not None and last + gap <= due
+
     def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._waiting and self._running < self.in_flight:
             if self.window_s > 0 and len(self._waiting) < self.max_batch:
                 due = self._waiting[0][2] + self.window_s
-                if loop.time() < due:  # the oldest has not waited its window yet
+                # The oldest has not waited its window yet, and (adaptive) waiting should
+                # gather another frame.
+                if loop.time() < due and self._another_due_by(due):
                     if self._window_timer is None:
                         self._window_timer = loop.call_at(due, self._window_over, loop)
                     return

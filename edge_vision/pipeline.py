@@ -105,6 +105,7 @@ class FramePipeline:
             max_batch=d.device_batch,
             in_flight=d.device_streams,
             window_s=d.device_window_ms / 1000,
+            adaptive=d.device_window_adaptive,
             release=self.release,
             on_batch=None if service.metrics is None else service.metrics.decode_batch_size.observe,
         )

@@ -284,6 +284,57 @@ async def test_mock_decode_window_gathers_frames_into_one_call_and_a_full_batch_
     await configured.close()
 
 
+async def test_mock_adaptive_window_gathers_close_frames_and_never_holds_frames_further_apart(
+    pipeline: FramePipeline, stand_in: _StandInNvjpeg
+) -> None:
+    """decode.device_window_adaptive: frames arriving closer together than the window are
+    gathered into one call as with the plain window; frames arriving further apart than
+    the window (one camera, a light load) go at once instead of each waiting out a window
+    for a call that carries it alone. The setting reaches the pipeline, on by default."""
+    loop = asyncio.get_running_loop()
+    requests = [_request(pipeline, text_scene(320, 180, seed=s).jpeg()) for s in range(12)]
+
+    def batcher() -> DecodeBatcher:
+        return DecodeBatcher(
+            pipeline.host_decoder,
+            stand_in,
+            pipeline.executor,
+            max_batch=64,
+            in_flight=1,
+            window_s=0.4,
+            adaptive=True,
+        )
+
+    close = batcher()
+    pending = []
+    for r in requests:  # 12 frames 10 ms apart
+        pending.append(asyncio.ensure_future(close.decode(r)))
+        await asyncio.sleep(0.01)
+    got = await asyncio.gather(*pending)
+    assert all(isinstance(g, Prepared) and g.on_device for g in got)
+    # The first went at once, alone (no gap known yet); the other 11 came inside the
+    # second one's window and went in one call (window 0: about a call a frame).
+    assert (close.batches, close.batched_frames) == (2, 12)
+
+    apart = batcher()
+    waits = []
+    for r in requests[:3]:  # 0.9 s apart: further than the window
+        t0 = loop.time()
+        assert (await apart.decode(r)).on_device
+        waits.append(loop.time() - t0)
+        await asyncio.sleep(0.9)
+    assert (apart.batches, apart.batched_frames) == (3, 3)
+    # Each went at once; the plain window would hold each for 0.4 s.
+    assert max(waits) < 0.3, waits
+    await close.drain()
+    await apart.drain()
+    await pipeline.close()
+    cfg = make_config({"engine": {"kind": "onnxruntime"}, "decode": {"device_window_ms": 12}})
+    configured = FramePipeline(cfg, InferenceService(pipeline.service.spec, cfg))
+    assert configured.decoding.adaptive is True
+    await configured.close()
+
+
 async def test_mock_a_frame_that_waited_for_a_busy_stream_is_not_held_for_a_second_window(
     pipeline: FramePipeline, stand_in: _StandInNvjpeg, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -325,6 +376,7 @@ async def test_mock_closing_sends_a_frame_still_inside_its_decode_window_and_cou
     pipe = FramePipeline(cfg, InferenceService(spec, cfg, metrics=metrics))
     pipe.decoding.device = stand_in  # what a CUDA engine's start sets (_engine_changed)
     pipe.decoding.window_s = 60.0  # far longer than the test
+    pipe.decoding.adaptive = False  # a lone frame waits out the whole window
     waiting = asyncio.ensure_future(
         pipe.decoding.decode(_request(pipe, blank_scene(320, 180).jpeg()))
     )
