@@ -536,12 +536,12 @@ class DecodeConfig(_Section):
     )
     device_window_adaptive: bool = Field(
         True,
-        description="With decode.device_window_ms above 0: hold a device decode call only "
-        "while the recent gaps between this worker's device frames (an average over about "
-        "eight) say another frame will arrive before the oldest one's window ends, so a "
-        "worker whose frames come further apart than the window (one camera, a light load) "
-        "adds no latency for a call that would carry one frame anyway. false: every call "
-        "waits out the window.",
+        description="With decode.device_window_ms above 0: a device decode call waits out "
+        "the window only while this worker's device frames have lately come at least one a "
+        "window (the average of about the last eight gaps between them is no longer than "
+        "the window), so a worker whose frames come further apart (one camera, a light "
+        "load) adds no latency for calls that would carry one frame anyway. false: every "
+        "call waits out the window.",
     )
     device_wait: Literal["host", "stream"] = Field(
         "host",
