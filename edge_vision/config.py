@@ -531,8 +531,8 @@ class DecodeConfig(_Section):
         "device stream is free. A device call's host cost is mostly a cost per call (5x less "
         "a frame at batch 8 than at 1, docs/benchmarks.md), so a few milliseconds here buy "
         "fewer, fuller calls, and fuller engine batches after them, for that much latency: "
-        "at 64 cameras on an H200, 12 ms took 40 % off the server's CPU a frame "
-        "(docs/deployment.md).",
+        "at 64 cameras on an H200, 12 ms took 40 % off the server's CPU a frame, and 20 ms "
+        "with 8 workers left 0.30 of the host path's (docs/deployment.md).",
     )
     device_window_adaptive: bool = Field(
         True,
