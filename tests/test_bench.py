@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,34 +135,34 @@ async def test_a_camera_against_a_server_that_stops_reading_reports_the_stall() 
     assert res.unanswered == res.sent  # reported, not silently lost
 
 
+def small_bench(
+    module: str, *args: str, json_out: Path | None, timeout: float
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``python -m edge_vision.bench.MODULE ARGS [--json JSON_OUT]``: the finished process
+    and, when it succeeded with ``json_out``, its report."""
+    extra = ("--json", str(json_out)) if json_out is not None else ()
+    proc = subprocess.run(
+        [sys.executable, "-m", f"edge_vision.bench.{module}", *args, *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    ok = proc.returncode == 0 and json_out is not None
+    return proc, json.loads(json_out.read_text()) if ok and json_out else {}
+
+
 @pytest.mark.timeout(180)
 def test_the_loop_bench_times_the_server_s_cpu_a_message_on_each_loop(tmp_path: Path) -> None:
     """python -m edge_vision.bench.loop, tiny: a real server per loop, every message echoed
     and counted, the server's CPU per message read from /proc for both loops."""
-    out = tmp_path / "loop.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edge_vision.bench.loop",
-            # enough messages that the server's CPU time is many of /proc's 10 ms ticks
-            "--clients",
-            "4",
-            "--messages",
-            "250",
-            "--bytes",
-            "90000",
-            "--rounds",
-            "1",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc, report = small_bench(
+        "loop",
+        # enough messages that the server's CPU time is many of /proc's 10 ms ticks
+        *("--clients", "4", "--messages", "250", "--bytes", "90000", "--rounds", "1"),
+        json_out=tmp_path / "loop.json",
         timeout=T(150),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    report = json.loads(out.read_text())
     assert [r["loop"] for r in report["runs"]] == ["asyncio", "uvloop"]
     for r in report["runs"]:
         assert r["messages"] == 4 * 250
@@ -176,23 +177,50 @@ def test_the_handoff_bench_passes_every_frame_through_shared_memory_and_times_bo
     """python -m edge_vision.bench.handoff, tiny: every frame's reply comes back from the
     other process (the bench fails on a reply that is not its frame's), and both sides'
     CPU a frame is reported for each batch size."""
-    out = tmp_path / "handoff.json"
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "edge_vision.bench.handoff", "--frames", "3000"),
-            *("--batches", "1,8", "--rounds", "1", "--json", str(out)),
-        ],
-        capture_output=True,
-        text=True,
+    proc, report = small_bench(
+        "handoff",
+        *("--frames", "3000", "--batches", "1,8", "--rounds", "1"),
+        json_out=tmp_path / "handoff.json",
         timeout=T(100),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    report = json.loads(out.read_text())
     assert [r["batch"] for r in report["runs"]] == [1, 8]
     for r in report["runs"]:
         assert r["frames"] == 3000 and r["frames_per_s"] > 0
         assert r["worker_cpu_us_per_frame"] > 0 and r["gpu_process_cpu_us_per_frame"] > 0
     assert set(report["median"]) == {"1", "8"}
+
+
+@pytest.mark.timeout(240)
+def test_the_overhead_bench_answers_every_frame_with_the_stand_in_model_and_splits_cpu_by_role(
+    tmp_path: Path,
+) -> None:
+    """python -m edge_vision.bench.overhead, tiny: a real server serves real JPEGs with the
+    stand-in detector (so the DB head finds boxes and the replies carry them), each variant
+    is its own server with its settings applied (a bad setting fails the bench), and the
+    server's CPU a frame is reported by role, the engine's left out of service_ms."""
+    proc, report = small_bench(
+        "overhead",
+        *("--cameras", "2", "--fps", "10", "--duration", "4", "--rounds", "1"),
+        *("--variants", "base:;uvloop:--set server.event_loop=uvloop"),
+        json_out=tmp_path / "overhead.json",
+        timeout=T(200),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert [r["variant"] for r in report["runs"]] == ["base", "uvloop"]
+    assert report["runs"][1]["sets"] == ["--set", "server.event_loop=uvloop"]
+    for r in report["runs"]:
+        assert r["sent"] == 2 * 10 * 4 and r["answered_share"] > 0.8
+        assert r["loop_ms"] > 0 and "ort" in r["ms_by_role"]
+        assert r["service_ms"] == pytest.approx(r["server_ms"] - r["ms_by_role"]["ort"])
+    assert set(report["median"]) == {"base", "uvloop"}
+    bad, _ = small_bench(
+        "overhead",
+        *("--duration", "2", "--rounds", "1", "--variants", "typo:--set engine.no_such_key=1"),
+        json_out=None,
+        timeout=T(100),
+    )
+    assert bad.returncode != 0 and "no_such_key" in bad.stderr
 
 
 @pytest.mark.timeout(180)
