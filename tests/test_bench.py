@@ -196,8 +196,8 @@ def test_the_overhead_bench_answers_every_frame_with_the_stand_in_model_and_spli
     tmp_path: Path,
 ) -> None:
     """python -m edge_vision.bench.overhead, tiny: a real server serves real JPEGs with the
-    stand-in detector (so the DB head finds boxes and the replies carry them), each variant
-    is its own server with its settings applied (a bad setting fails the bench), and the
+    stand-in detector, which finds boxes on them, each variant is its own server with its
+    settings applied (a bad setting fails the bench), every frame is answered, and the
     server's CPU a frame is reported by role, the engine's left out of service_ms."""
     proc, report = small_bench(
         "overhead",
@@ -211,8 +211,11 @@ def test_the_overhead_bench_answers_every_frame_with_the_stand_in_model_and_spli
     assert report["runs"][1]["sets"] == ["--set", "server.event_loop=uvloop"]
     for r in report["runs"]:
         assert r["sent"] == 2 * 10 * 4 and r["answered_share"] > 0.8
-        assert r["loop_ms"] > 0 and "ort" in r["ms_by_role"]
-        assert r["service_ms"] == pytest.approx(r["server_ms"] - r["ms_by_role"]["ort"])
+        # The stand-in gives the real detector's 2 boxes a frame on the bench's frames, so
+        # post-processing, tracker and replies carry boxes (the bench checks it first).
+        assert r["stand_in_boxes_a_frame"] >= 1
+        assert r["loop_ms"] > 0 and r["ms_by_role"]["post"] > 0 and "ort" in r["ms_by_role"]
+        assert 0 < r["service_ms"] < r["server_ms"]  # the engine's own thread left out
     assert set(report["median"]) == {"base", "uvloop"}
     bad, _ = small_bench(
         "overhead",
