@@ -538,10 +538,12 @@ class DecodeConfig(_Section):
         True,
         description="With decode.device_window_ms above 0: a device decode call waits out "
         "the window only while this worker's device frames have lately come at least one a "
-        "window (the average of about the last eight gaps between them is no longer than "
-        "the window), so a worker whose frames come further apart (one camera, a light "
-        "load) adds no latency for calls that would carry one frame anyway. false: every "
-        "call waits out the window.",
+        "window (the average of about the last eight gaps between them, each gap counted "
+        "at most two windows, is no longer than the window), so a worker whose frames come "
+        "further apart (one camera, a light load) adds no latency for calls that would "
+        "carry one frame anyway, from about six frames after a busier spell. false: the "
+        "plain window (every call waits until its oldest frame has waited the window, "
+        "unless decode.device_batch frames wait).",
     )
     device_wait: Literal["host", "stream"] = Field(
         "host",

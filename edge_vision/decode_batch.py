@@ -253,13 +253,14 @@ class DecodeBatcher:
     worker with few cameras trades that much latency for fewer, fuller calls. With
     ``adaptive`` a call waits out the window only while the worker's device frames come
     at least one a window (the recent gap between their arrivals, an average over about
-    eight gaps, is no longer than the window), so a worker whose frames come further
-    apart, one camera or a light load, pays no latency for calls that would carry one
-    frame anyway. (A first version stopped each wait as soon as the next frame looked
-    due after the window's end; at 64 cameras on the H200 that cut windows short, engine
-    batches fell from 2.8 to 2.4 frames and the CPU saved shrank.) Host frames are one
-    worker job each in the shared pool; device calls run on ``in_flight`` threads of
-    their own.
+    eight gaps each counted at most two windows, is no longer than the window), so a
+    worker whose frames come further apart, one camera or a light load, pays no latency
+    for calls that would carry one frame anyway (from about six frames after a busier
+    spell, as the average catches up). (A first version stopped each wait as soon as the
+    next frame looked due after the window's end; at 64 cameras on the H200 that cut
+    windows short, engine batches fell from 2.8 to 2.4 frames and the CPU saved shrank.)
+    Host frames are one worker job each in the shared pool; device calls run on
+    ``in_flight`` threads of their own.
     """
 
     GAP_WEIGHT = 1 / 8  # how much each new gap between device frames moves the average

@@ -100,9 +100,11 @@ def stand_in_boxes_a_frame(model: Path, frames: int = 4) -> float:
     found = 0
     for jpeg in encode_jpegs(generated_frames(1280, 720, frames)):
         image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+        if image is None:
+            raise RuntimeError("a bench frame did not decode")
         lb = plan_for_frame(1280, 720, spec.limits)
         canvas = np.empty((lb.out_h, lb.out_w, 3), np.uint8)
-        letterbox_into(image, lb, canvas, spec.pad_value)
+        letterbox_into(image.astype(np.uint8, copy=False), lb, canvas, spec.pad_value)
         x = np.empty((1, 3, lb.out_h, lb.out_w), np.float32)
         normalise_into(x, [canvas], spec.normalisation)
         (prob,) = session.run(None, {spec.input_name: x})
