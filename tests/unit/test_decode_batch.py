@@ -391,6 +391,35 @@ async def test_mock_closing_sends_a_frame_still_inside_its_decode_window_and_cou
     await pipe.close()
 
 
+async def test_mock_closing_sends_frames_an_adaptive_window_holds(
+    pipeline: FramePipeline, stand_in: _StandInNvjpeg
+) -> None:
+    """Frames that an adaptive window holds (they came 10 ms apart against a 60 s window)
+    are decoded and answered when the batcher drains, in one call, not left waiting."""
+    batcher = DecodeBatcher(
+        pipeline.host_decoder,
+        stand_in,
+        pipeline.executor,
+        max_batch=64,
+        in_flight=1,
+        window_s=60.0,
+        adaptive=True,
+    )
+    requests = [_request(pipeline, text_scene(320, 180, seed=s).jpeg()) for s in range(3)]
+    first = await batcher.decode(requests[0])  # no gap known yet: at once
+    held = []
+    for r in requests[1:]:
+        held.append(asyncio.ensure_future(batcher.decode(r)))
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert not any(h.done() for h in held)  # inside the window, worth waiting for
+    await asyncio.wait_for(batcher.drain(), 30)
+    got = await asyncio.wait_for(asyncio.gather(*held), 5)
+    assert first.on_device and all(g.on_device for g in got)
+    assert (batcher.batches, batcher.batched_frames) == (2, 3)
+    await pipeline.close()
+
+
 async def test_service_end_to_end_through_the_host_batch_decoder(spec: ModelSpec) -> None:
     """The pipeline's one decode entry (DecodeBatcher) with the host implementation:
     text found, a corrupt JPEG refused alone, decode time reported."""
