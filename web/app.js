@@ -395,6 +395,7 @@ function clamp(v, lo, hi) {
 async function startCamera() {
   try {
     const opened = await sources.openCamera(ui.camera.value, ui.resolution.value);
+    if (opened === null) return; // a file chosen while the camera started is the source
     await fillCameraPicker(opened);
     hideBanner("source");
   } catch (e) {
@@ -422,7 +423,7 @@ async function openChosenFile() {
   const file = ui.file.files && ui.file.files[0];
   if (!file) return;
   try {
-    await sources.openFile(file);
+    if (!(await sources.openFile(file))) return; // a newer source took its place
     hideBanner("source");
   } catch (e) {
     showBanner(`Cannot use ${file.name}: ${e.message}`, "error", 0, "source");

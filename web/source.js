@@ -32,6 +32,10 @@ export class SourceManager {
     this.stream = null;
     this.objectUrl = null;
     this.kind = "none"; // "camera" | "video" | "image" | "none"
+    // Each open counts up; an open that a later one overtook while it waited (a camera
+    // whose permission or start is slow, then a file chosen meanwhile) lets its result go
+    // instead of replacing the newer source.
+    this.opens = 0;
   }
 
   /** The element currently showing the source, or null. */
@@ -57,9 +61,11 @@ export class SourceManager {
   /**
    * Start a camera. `deviceId` empty means the browser's choice; `resolution` a key of
    * RESOLUTIONS, asked for as `ideal` so a camera that cannot do it still starts.
-   * @returns {Promise<string>} the deviceId actually opened
+   * @returns {Promise<string | null>} the deviceId actually opened; null when a newer
+   *   source was opened while this camera started (the camera is stopped again)
    */
   async openCamera(deviceId, resolution) {
+    const open = ++this.opens;
     if (!this.cameraAvailable) {
       throw new Error(
         window.isSecureContext
@@ -77,6 +83,10 @@ export class SourceManager {
     // Let go of the old camera first: many phones cannot open a second one alongside it.
     this._release();
     const stream = await navigator.mediaDevices.getUserMedia({ video, audio: false });
+    if (open !== this.opens) {
+      for (const track of stream.getTracks()) track.stop();
+      return null;
+    }
     this.stream = stream;
     this._show("camera");
     this.video.loop = false;
@@ -86,8 +96,12 @@ export class SourceManager {
     return (track && track.getSettings().deviceId) || deviceId || "";
   }
 
-  /** A video file (looped) or an image file chosen by the user. */
+  /**
+   * A video file (looped) or an image file chosen by the user.
+   * @returns {Promise<boolean>} false when a newer source was opened while it loaded
+   */
   async openFile(file) {
+    const open = ++this.opens;
     const url = URL.createObjectURL(file);
     if (file.type.startsWith("image/")) {
       await new Promise((resolve, reject) => {
@@ -95,10 +109,14 @@ export class SourceManager {
         this.image.onerror = () => reject(new Error(`cannot show ${file.name} as an image`));
         this.image.src = url;
       });
+      if (open !== this.opens) {
+        URL.revokeObjectURL(url);
+        return false;
+      }
       this._release();
       this.objectUrl = url;
       this._show("image");
-      return;
+      return true;
     }
     this._release();
     this.objectUrl = url;
@@ -107,6 +125,7 @@ export class SourceManager {
     this.video.loop = true;
     this.video.src = url;
     await this._play();
+    return true;
   }
 
   /** Freeze or resume the picture (camera and video; a still image has nothing to pause). */

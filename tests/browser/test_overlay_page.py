@@ -32,7 +32,7 @@ from ..support.browser import (
     read_overlay,
     wait_for_hud,
 )
-from ..support.images import text_scene
+from ..support.images import Scene, text_scene
 from ..support.server import ServerProcess
 from ..support.timing import T
 from .camera import CAMERA_SIZE, camera_scene
@@ -248,14 +248,8 @@ def test_video_file_source_plays_in_a_loop_and_is_boxed(
     codecs): the page plays it, sends it scaled to the model's input, boxes land on its
     text, and frames keep coming after the clip's end because it loops."""
     size, fps, frames = (960, 540), 15, 30  # a 2 s clip
-    texts = [("PALLET 3318", (90, 120)), ("BAY 12", (90, 330))]
-    scenes = [text_scene(*size, texts=texts, font_size=60, seed=s) for s in range(frames)]
     clip = tmp_path / "clip.webm"
-    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"VP80"), fps, size)
-    assert writer.isOpened(), "OpenCV here cannot write VP8 WebM"
-    for scene in scenes:
-        writer.write(np.ascontiguousarray(scene.rgb[:, :, ::-1]))
-    writer.release()
+    scenes = _vp8_clip(clip, size, frames, fps)
 
     page, console = open_page(page_server.url + "/")
     wait_for_hud(page, "h.state === 'open'")
@@ -274,6 +268,48 @@ def test_video_file_source_plays_in_a_loop_and_is_boxed(
     after_end = read_hud(page)
     wait_for_hud(page, f"h.answered >= {after_end.answered + 5}")
     assert page.evaluate("() => { const v = document.querySelector('video'); return !v.ended }")
+    console.assert_clean()
+
+
+def _vp8_clip(path: Path, size: tuple[int, int], frames: int, fps: int) -> list[Scene]:
+    """A VP8 WebM of ``frames`` text scenes (which Chromium plays without proprietary
+    codecs); the scenes, for where their text is."""
+    texts = [("PALLET 3318", (90, 120)), ("BAY 12", (90, 330))]
+    scenes = [text_scene(*size, texts=texts, font_size=60, seed=s) for s in range(frames)]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"VP80"), fps, size)
+    assert writer.isOpened(), "OpenCV here cannot write VP8 WebM"
+    for scene in scenes:
+        writer.write(np.ascontiguousarray(scene.rgb[:, :, ::-1]))
+    writer.release()
+    return scenes
+
+
+def test_a_file_chosen_while_the_camera_starts_stays_the_source(
+    page_server: ServerProcess, open_page: PageOpener, tmp_path: Path
+) -> None:
+    """The camera the page opens on load is slow to start (its permission prompt, a
+    phone's camera); the user picks a video file meanwhile. When the camera finally comes,
+    it must not take the file's place: the file's frames (960×540) are the ones sent, and
+    stay so after the camera would have started. (Seen in a full run: the camera's late
+    start replaced the file, and the page went on sending the camera's 640×360.)"""
+    clip = tmp_path / "clip.webm"
+    _vp8_clip(clip, (960, 540), 30, 15)
+    slow_camera = """
+        const open = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices);
+        navigator.mediaDevices.getUserMedia = (c) =>
+            new Promise((r) => setTimeout(r, 3000)).then(() => open(c));
+    """
+    page, console = open_page(page_server.url + "/", init_script=slow_camera)
+    wait_for_hud(page, "h.state === 'open'")
+    page.select_option("#source-kind", "file")
+    page.set_input_files("#file", str(clip))
+    wait_for_hud(page, "h.answered >= 3")
+    eventually(lambda: _assert_in("960×540 → 640×360", page.locator("#hud-frame").inner_text()))
+    time.sleep(T(4.0))  # past the camera's start
+    answered = read_hud(page).answered
+    wait_for_hud(page, f"h.answered >= {answered + 5}")
+    _assert_in("960×540 → 640×360", page.locator("#hud-frame").inner_text())
+    assert page.evaluate("() => document.querySelector('video').srcObject === null")
     console.assert_clean()
 
 

@@ -152,8 +152,16 @@ class PageOpener:
         self.watches: list[ConsoleWatch] = []
 
     def __call__(
-        self, url: str, width: int = 1280, height: int = 800, scale: float = 1, mobile: bool = False
+        self,
+        url: str,
+        width: int = 1280,
+        height: int = 800,
+        scale: float = 1,
+        mobile: bool = False,
+        init_script: str | None = None,
     ) -> tuple[Page, ConsoleWatch]:
+        """``init_script``: JavaScript run in the page before its own (to slow a browser
+        API down, say)."""
         context = self.browser.new_context(
             viewport={"width": width, "height": height},
             device_scale_factor=scale,
@@ -162,6 +170,8 @@ class PageOpener:
             accept_downloads=True,
         )
         self.contexts.append(context)
+        if init_script is not None:
+            context.add_init_script(init_script)
         page = context.new_page()
         watch = ConsoleWatch().attach(page)
         self.watches.append(watch)
