@@ -321,11 +321,12 @@ class DecodeBatcher:
                 raise
         fut: asyncio.Future[Prepared] = loop.create_future()
         now = loop.time()
-        if self._last_arrival is not None:
-            gap = min(now - self._last_arrival, 2 * self.window_s)
-            average = self._gap_s
-            self._gap_s = gap if average is None else average + (gap - average) * self.GAP_WEIGHT
-        self._last_arrival = now
+        if self.adaptive and self.window_s > 0:  # the gaps matter only to an adaptive window
+            if self._last_arrival is not None:
+                gap = min(now - self._last_arrival, 2 * self.window_s)
+                avg = self._gap_s
+                self._gap_s = gap if avg is None else avg + (gap - avg) * self.GAP_WEIGHT
+            self._last_arrival = now
         self._waiting.append((request, fut, now))
         self._kick(loop)
         return await fut

@@ -147,8 +147,9 @@ def small_bench(
         text=True,
         timeout=timeout,
     )
-    ok = proc.returncode == 0 and json_out is not None
-    return proc, json.loads(json_out.read_text()) if ok and json_out else {}
+    if proc.returncode == 0 and json_out is not None:
+        return proc, json.loads(json_out.read_text())
+    return proc, {}
 
 
 @pytest.mark.timeout(180)

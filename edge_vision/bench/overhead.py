@@ -83,32 +83,26 @@ def write_stand_in_model(path: Path) -> Path:
 
 def stand_in_boxes_a_frame(model: Path, frames: int = 4) -> float:
     """The detections a frame the stand-in gives on the bench's own frames (JPEG round
-    trip, the service's letterbox and normalisation, ONNX Runtime, the DB head at the
-    default confidence): what the service's post-processing, tracker and replies carry."""
+    trip, then the service's shape stage, the model and its DB head at the default
+    confidence: :func:`~edge_vision.bench.sizes.our_detections`): what the service's
+    post-processing, tracker and replies carry."""
     import cv2
     import onnxruntime as ort
 
     from ..config import ModelConfig
     from ..models import load_model_spec
-    from ..post import make_head
-    from ..shape import letterbox_into, normalise_into, plan_for_frame
     from .frames import encode_jpegs, generated_frames
+    from .sizes import our_detections
 
     spec = load_model_spec(ModelConfig(path=model))
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    head = make_head("dbnet")
     found = 0
     for jpeg in encode_jpegs(generated_frames(1280, 720, frames)):
         image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
         if image is None:
             raise RuntimeError("a bench frame did not decode")
-        lb = plan_for_frame(1280, 720, spec.limits)
-        canvas = np.empty((lb.out_h, lb.out_w, 3), np.uint8)
-        letterbox_into(image.astype(np.uint8, copy=False), lb, canvas, spec.pad_value)
-        x = np.empty((1, 3, lb.out_h, lb.out_w), np.float32)
-        normalise_into(x, [canvas], spec.normalisation)
-        (prob,) = session.run(None, {spec.input_name: x})
-        found += len(head.decode([prob[0]], lb, ModelConfig().confidence))
+        frame = image.astype(np.uint8, copy=False)
+        found += len(our_detections(session, spec, frame, spec.limits.target))
     return found / frames
 
 
