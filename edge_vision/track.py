@@ -24,12 +24,17 @@ Associating Every Detection Box", ECCV 2022), with IoU as the only affinity:
 
 Ids count up from 1 per tracker and are never reused within a session.
 
-Cost: the tracks are held as arrays (one row per track), so an update is a handful of
-numpy operations on the (detections × tracks) IoU matrix plus a greedy pass over the
-pairs that overlap enough, not Python work per track: 300 boxes take about a
-millisecond (docs/results.md, ``python -m edge_vision.bench.tracker``). It runs on the
-event loop, in reply order (connection.py), which keeps one session's updates in frame
-order and never two at once.
+Cost: a frame of a live camera holds a few boxes, and the update runs on the event loop
+for every answered frame (connection.py, in reply order, which keeps one session's updates
+in frame order and never two at once), so the tracks are plain Python records and a few
+boxes are paired by plain arithmetic. With numpy arrays for the tracks, numpy's cost a
+call (about 60 calls an update) was most of an update's time at 2 boxes, and the updates
+were 12 % of the whole server's GIL time at 64 cameras on the H200 (py-spy,
+docs/bench-data/2026-12-03-h200-session10/call2/profile-gil.txt). Many boxes (a printed
+page) are paired by numpy, sweeping only the (detections × tracks) pairs that can overlap.
+On the 2-core machine (``python -m edge_vision.bench.tracker``, docs/results.md) an update
+takes 0.04 ms at 2 boxes (0.23 with arrays), 0.2 at 20 and about 1.8 at 300 (1.1 with
+arrays: the price of the few-box case, paid by pages of words).
 """
 
 from __future__ import annotations
@@ -120,61 +125,80 @@ def _sweep(a: F64Array, b: F64Array, axis: int) -> tuple[IntArray, IntArray, Int
     return order, lo, np.maximum(hi - lo, 0)
 
 
+def _few_pairs(
+    a: list[list[float]], b: list[tuple[float, float, float, float]], threshold: float
+) -> list[tuple[int, int, float]]:
+    """:func:`overlapping_pairs` for a few boxes, in plain arithmetic (the same as
+    :func:`_iou`'s, in the same order, so the same IoUs to the last bit): ``(row of a,
+    row of b, IoU)``, row-major."""
+    out = []
+    floor = max(threshold, 1e-9)
+    areas_b = [max(x2 - x1, 0.0) * max(y2 - y1, 0.0) for x1, y1, x2, y2 in b]
+    for i, (ax1, ay1, ax2, ay2) in enumerate(a):
+        area_a = max(ax2 - ax1, 0.0) * max(ay2 - ay1, 0.0)
+        for j, (bx1, by1, bx2, by2) in enumerate(b):
+            w = min(ax2, bx2) - max(ax1, bx1)
+            h = min(ay2, by2) - max(ay1, by1)
+            inter = max(w, 0.0) * max(h, 0.0)
+            union = area_a + areas_b[j] - inter
+            iou = inter / union if union > 0 else 0.0
+            if iou >= floor:
+                out.append((i, j, iou))
+    return out
+
+
+#: Up to this many (detection, track) pairs, :func:`_few_pairs`; more, numpy's
+#: :func:`overlapping_pairs`.
+_FEW_PAIRS = 64
+
+
 def greedy_pairs(
-    rows: IntArray,
-    cols: IntArray,
-    iou: F64Array,
-    shape: tuple[int, int],
-    stages: list[BoolArray],
-) -> tuple[IntArray, IntArray]:
+    pairs: list[tuple[int, int, float]], stages: list[list[bool]]
+) -> list[tuple[int, int]]:
     """Greedy best-IoU-first matching of rows (detections) to columns (tracks), in stages.
 
-    ``rows``, ``cols``, ``iou``: the candidate pairs (:func:`overlapping_pairs`, row-major)
-    of a ``shape`` matrix. Stage ``k`` matches the rows in ``stages[k]`` to the columns no
-    earlier stage took. Within a stage the pairs are taken best first (ties: lower row,
-    then lower column), each row and column at most once. Returns the matched rows and
-    their columns, in the order they were matched."""
-    if not len(rows):
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty
-    # Sorted once; the pass below is one step per candidate pair (few per box).
-    order = np.argsort(-iou, kind="stable")
-    ii, jj = rows[order], cols[order]
-    taken_row = np.zeros(shape[0], dtype=bool)
-    taken_col = np.zeros(shape[1], dtype=bool)
-    out_rows: list[int] = []
-    out_cols: list[int] = []
+    ``pairs``: the candidate ``(row, column, IoU)`` pairs, row-major. Stage ``k`` matches
+    the rows ``stages[k]`` marks to the columns no earlier stage took. Within a stage the
+    pairs are taken best first (ties: lower row, then lower column), each row and column at
+    most once. Returns the matched ``(row, column)`` pairs, in the order they were matched."""
+    ranked = sorted(pairs, key=lambda p: -p[2])  # stable: ties keep row-major order
+    taken_row = [False] * len(stages[0])
+    taken_col: set[int] = set()
+    out: list[tuple[int, int]] = []
     for stage in stages:
-        sel = stage[ii]
-        for i, j in zip(ii[sel].tolist(), jj[sel].tolist(), strict=True):
-            if not taken_row[i] and not taken_col[j]:
-                taken_row[i] = taken_col[j] = True
-                out_rows.append(i)
-                out_cols.append(j)
-    return np.asarray(out_rows, dtype=np.int64), np.asarray(out_cols, dtype=np.int64)
+        for i, j, _ in ranked:
+            if stage[i] and not taken_row[i] and j not in taken_col:
+                taken_row[i] = True
+                taken_col.add(j)
+                out.append((i, j))
+    return out
+
+
+@dataclass(slots=True)
+class _Track:
+    id: int
+    box: list[float]  # when last seen, frame pixels
+    seen: float  # seconds
+    vel: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # pixels a second, per edge
+    hits: int = 1
+    misses: int = 0  # updates since last seen
 
 
 class Tracker:
     """ByteTrack-style two-stage IoU association with a constant-velocity motion estimate.
 
-    The tracks live in parallel arrays, one row per track, oldest first."""
+    The tracks are kept oldest first."""
 
     def __init__(self, settings: TrackerSettings | None = None) -> None:
         self.settings = settings or TrackerSettings()
-        self._ids: IntArray = np.zeros(0, dtype=np.int64)
-        self._box: F64Array = np.zeros((0, 4))  # when last seen, frame pixels
-        self._seen: F64Array = np.zeros(0)  # seconds
-        self._vel: F64Array = np.zeros((0, 4))  # pixels per second, per edge
-        self._hits: IntArray = np.zeros(0, dtype=np.int64)
-        self._misses: IntArray = np.zeros(0, dtype=np.int64)  # updates since last seen
+        self._tracks: list[_Track] = []
         self._next_id = 1
         self._last_t: float | None = None
 
     @property
     def track_ids(self) -> list[int]:
         """The ids of the tracks alive now (seen, or kept through a short miss)."""
-        ids: list[int] = self._ids.tolist()
-        return ids
+        return [t.id for t in self._tracks]
 
     def update(self, detections: npt.NDArray[np.floating], now: float) -> IntArray:
         """Track ids for ``detections`` (``(N, >=5)``: box then score) seen at ``now`` (s).
@@ -185,59 +209,56 @@ class Tracker:
         if self._last_t is not None and now < self._last_t:
             now = self._last_t
         self._last_t = now
-        keep = (self._misses < cfg.keep_frames) | (now - self._seen <= cfg.keep_s)
-        if not keep.all():
-            self._select(keep)
-        self._misses += 1  # set back to 0 below for the tracks this frame matches
+        keep_frames, keep_s = cfg.keep_frames, cfg.keep_s
+        tracks = [t for t in self._tracks if t.misses < keep_frames or now - t.seen <= keep_s]
+        for t in tracks:
+            t.misses += 1  # set back to 0 below for the tracks this frame matches
+        self._tracks = tracks
         dets = np.asarray(detections, dtype=np.float64)
         if dets.size == 0:
             return np.zeros(0, dtype=np.int64)
         dets = dets.reshape(len(dets), -1)
-        boxes = dets[:, :4]
-        high = dets[:, 4] >= cfg.high_score
-        coast = np.minimum(now - self._seen, cfg.max_coast_s)
-        predicted = self._box + self._vel * coast[:, None]
-        ii, jj, iou = overlapping_pairs(boxes, predicted, cfg.match_iou)
-        shape = (len(dets), len(predicted))
-        rows, cols = greedy_pairs(ii, jj, iou, shape, [high, ~high])
-        ids = np.zeros(len(dets), dtype=np.int64)
-        if len(rows):
-            ids[rows] = self._ids[cols]
-            self._refresh(cols, boxes[rows], now)
-        new = np.ones(len(dets), dtype=bool)
-        new[rows] = False
-        n_new = int(new.sum())
-        if n_new:
-            fresh = np.arange(self._next_id, self._next_id + n_new, dtype=np.int64)
-            self._next_id += n_new
-            ids[new] = fresh
-            self._ids = np.concatenate([self._ids, fresh])
-            self._box = np.concatenate([self._box, boxes[new]])
-            self._seen = np.concatenate([self._seen, np.full(n_new, now)])
-            self._vel = np.concatenate([self._vel, np.zeros((n_new, 4))])
-            self._hits = np.concatenate([self._hits, np.ones(n_new, dtype=np.int64)])
-            self._misses = np.concatenate([self._misses, np.zeros(n_new, dtype=np.int64)])
-        return ids
-
-    def _select(self, keep: BoolArray) -> None:
-        self._ids = self._ids[keep]
-        self._box = self._box[keep]
-        self._seen = self._seen[keep]
-        self._vel = self._vel[keep]
-        self._hits = self._hits[keep]
-        self._misses = self._misses[keep]
-
-    def _refresh(self, cols: IntArray, boxes: F64Array, now: float) -> None:
-        """Tracks ``cols`` were seen at ``boxes`` at ``now``: velocity, box, time, counts."""
-        dt = now - self._seen[cols]
-        moved = dt > 0
-        if moved.any():
-            c = cols[moved]
-            measured = (boxes[moved] - self._box[c]) / dt[moved][:, None]
-            # A track's first displacement is its velocity; later ones are smoothed in.
-            gain = np.where(self._hits[c] > 1, self.settings.velocity_gain, 1.0)[:, None]
-            self._vel[c] = (1 - gain) * self._vel[c] + gain * measured
-        self._box[cols] = boxes
-        self._seen[cols] = now
-        self._hits[cols] += 1
-        self._misses[cols] = 0
+        rows = dets[:, :5].tolist()
+        boxes = [r[:4] for r in rows]
+        high = [r[4] >= cfg.high_score for r in rows]
+        coast_s = cfg.max_coast_s
+        predicted = []
+        for t in tracks:
+            coast = now - t.seen
+            if coast > coast_s:  # min(), written out: a call a track counts at 300 boxes
+                coast = coast_s
+            (x1, y1, x2, y2), (v1, v2, v3, v4) = t.box, t.vel
+            predicted.append((x1 + v1 * coast, y1 + v2 * coast, x2 + v3 * coast, y2 + v4 * coast))
+        if len(boxes) * len(predicted) <= _FEW_PAIRS:
+            pairs = _few_pairs(boxes, predicted, cfg.match_iou)
+        else:
+            ii, jj, iou = overlapping_pairs(dets[:, :4], np.array(predicted), cfg.match_iou)
+            pairs = list(zip(ii.tolist(), jj.tolist(), iou.tolist(), strict=True))
+        ids = [0] * len(boxes)
+        gain_later = cfg.velocity_gain
+        for i, j in greedy_pairs(pairs, [high, [not h for h in high]]):
+            # Track j was seen at box i now: its velocity, box, time and counts.
+            t = tracks[j]
+            ids[i] = t.id
+            box = boxes[i]
+            dt = now - t.seen
+            if dt > 0:
+                # A track's first displacement is its velocity; later ones are smoothed in.
+                g = gain_later if t.hits > 1 else 1.0
+                (v1, v2, v3, v4), (o1, o2, o3, o4), (b1, b2, b3, b4) = t.vel, t.box, box
+                t.vel = (
+                    (1 - g) * v1 + g * ((b1 - o1) / dt),
+                    (1 - g) * v2 + g * ((b2 - o2) / dt),
+                    (1 - g) * v3 + g * ((b3 - o3) / dt),
+                    (1 - g) * v4 + g * ((b4 - o4) / dt),
+                )
+            t.box = box
+            t.seen = now
+            t.hits += 1
+            t.misses = 0
+        for i, got in enumerate(ids):
+            if not got:  # unmatched: a new track, in detection order
+                ids[i] = self._next_id
+                tracks.append(_Track(self._next_id, boxes[i], now))
+                self._next_id += 1
+        return np.array(ids, dtype=np.int64)
