@@ -532,7 +532,7 @@ class DecodeConfig(_Section):
         "a frame at batch 8 than at 1, docs/benchmarks.md), so a few milliseconds here buy "
         "fewer, fuller calls, and fuller engine batches after them, for that much latency: "
         "at 64 cameras on an H200, 12 ms took 40 % off the server's CPU a frame, and 20 ms "
-        "with 8 workers left 0.30 of the host path's (docs/deployment.md).",
+        "with 6 workers left a quarter of the host path's (docs/deployment.md).",
     )
     device_window_adaptive: bool = Field(
         True,
