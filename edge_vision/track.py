@@ -46,7 +46,6 @@ import numpy.typing as npt
 
 F64Array = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,12 +244,13 @@ class Tracker:
             if dt > 0:
                 # A track's first displacement is its velocity; later ones are smoothed in.
                 g = gain_later if t.hits > 1 else 1.0
+                h = 1 - g
                 (v1, v2, v3, v4), (o1, o2, o3, o4), (b1, b2, b3, b4) = t.vel, t.box, box
                 t.vel = (
-                    (1 - g) * v1 + g * ((b1 - o1) / dt),
-                    (1 - g) * v2 + g * ((b2 - o2) / dt),
-                    (1 - g) * v3 + g * ((b3 - o3) / dt),
-                    (1 - g) * v4 + g * ((b4 - o4) / dt),
+                    h * v1 + g * ((b1 - o1) / dt),
+                    h * v2 + g * ((b2 - o2) / dt),
+                    h * v3 + g * ((b3 - o3) / dt),
+                    h * v4 + g * ((b4 - o4) / dt),
                 )
             t.box = box
             t.seen = now
