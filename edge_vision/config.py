@@ -545,6 +545,19 @@ class DecodeConfig(_Section):
         "plain window (every call waits until its oldest frame has waited the window, "
         "unless decode.device_batch frames wait).",
     )
+    device_window_min_frames: float = Field(
+        1.0,
+        ge=1,
+        le=64,
+        description="With decode.device_window_adaptive: how many device frames the window "
+        "must be expected to gather (the window over the average gap between this worker's "
+        "device frames) before a call waits it out. 1: wait whenever another frame should "
+        "come within it. More: wait only while this worker is busy enough that its calls "
+        "would otherwise stay small, where the per-call host cost the window saves is what "
+        "limits the node; below that load frames go at once. On the H200 with 6 workers and "
+        "20 ms, 4.5 waits at 64 cameras (about 6 frames a window a worker) and not at 32 "
+        "(about 3) (docs/deployment.md).",
+    )
     device_wait: Literal["host", "stream"] = Field(
         "host",
         description="Who waits for a device decode (decode.device cuda): host, the decode "

@@ -25,8 +25,9 @@ host, which raises ``bad_image`` for a corrupt one, so only that frame fails.
 :class:`DecodeBatcher` feeds either from the event loop: frames for the device are
 batched (everything waiting when a device stream frees up, at most ``decode.device_batch``
 frames; with ``decode.device_window_ms``, not before the oldest of them has waited that
-long, and with ``decode.device_window_adaptive`` only while frames come at least one a
-window), frames for the host are decoded one per worker-pool job, as before.
+long, and with ``decode.device_window_adaptive`` only while frames come at least
+``decode.device_window_min_frames`` a window), frames for the host are decoded one per
+worker-pool job, as before.
 
 How the device decoder orders its work against the engines' streams, and which memory it
 holds until when, is said in :mod:`edge_vision.decode_gpu`.
@@ -252,11 +253,14 @@ class DecodeBatcher:
     host's cost of a device call is mostly a cost a call (docs/benchmarks.md), so a
     worker with few cameras trades that much latency for fewer, fuller calls. With
     ``adaptive`` a call waits out the window only while the worker's device frames come
-    at least one a window (the recent gap between their arrivals, an average over about
-    eight gaps each counted at most two windows, is no longer than the window), so a
-    worker whose frames come further apart, one camera or a light load, pays no latency
-    for calls that would carry one frame anyway (from about six frames after a busier
-    spell, as the average catches up). (A first version stopped each wait as soon as the
+    at least ``min_frames`` a window (the recent gap between their arrivals, an average
+    over about eight gaps each counted at most two windows, times ``min_frames`` is no
+    longer than the window), so a worker whose frames come further apart, one camera or a
+    light load, pays no latency for calls that would carry few frames anyway (from about
+    six frames after a busier spell, as the average catches up). ``min_frames`` 1 waits
+    whenever the window should gather another frame; more keeps the wait for a worker
+    busy enough that its calls would otherwise stay small, where the per-call host cost
+    the window saves is what limits the node. (A first version stopped each wait as soon as the
     next frame looked due after the window's end; at 64 cameras on the H200 that cut
     windows short, engine batches fell from 2.8 to 2.4 frames and the CPU saved shrank.)
     Host frames are one worker job each in the shared pool; device calls run on
@@ -275,6 +279,7 @@ class DecodeBatcher:
         in_flight: int,
         window_s: float = 0.0,
         adaptive: bool = False,
+        min_frames: float = 1.0,
         release: Callable[[Prepared], None] | None = None,
         on_batch: Callable[[int], None] | None = None,
     ) -> None:
@@ -285,6 +290,7 @@ class DecodeBatcher:
         self.in_flight = in_flight
         self.window_s = window_s
         self.adaptive = adaptive
+        self.min_frames = min_frames
         self._window_timer: asyncio.TimerHandle | None = None
         # The average gap between device frames' arrivals (adaptive), each gap counted at
         # most two windows, so an idle spell says only "further apart than the window";
@@ -357,12 +363,12 @@ class DecodeBatcher:
         await asyncio.to_thread(self._device_threads.shutdown, True)
 
     def _worth_a_window(self) -> bool:
-        """Whether holding a call for the window should gather another frame: always for
-        the plain window; adaptive, when device frames came on average at least one a
-        window lately."""
+        """Whether holding a call for the window should gather enough frames: always for
+        the plain window; adaptive, when device frames came lately at least ``min_frames``
+        a window (the average gap times ``min_frames`` is no longer than the window)."""
         if not self.adaptive:
             return True
-        return self._gap_s is not None and self._gap_s <= self.window_s
+        return self._gap_s is not None and self._gap_s * self.min_frames <= self.window_s
 
     def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._waiting and self._running < self.in_flight:

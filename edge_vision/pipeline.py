@@ -106,6 +106,7 @@ class FramePipeline:
             in_flight=d.device_streams,
             window_s=d.device_window_ms / 1000,
             adaptive=d.device_window_adaptive,
+            min_frames=d.device_window_min_frames,
             release=self.release,
             on_batch=None if service.metrics is None else service.metrics.decode_batch_size.observe,
         )

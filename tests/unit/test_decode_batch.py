@@ -335,6 +335,58 @@ async def test_mock_adaptive_window_gathers_close_frames_and_never_holds_frames_
     await configured.close()
 
 
+async def test_mock_adaptive_window_with_min_frames_waits_only_for_a_busy_worker(
+    pipeline: FramePipeline, stand_in: _StandInNvjpeg
+) -> None:
+    """decode.device_window_min_frames: frames 0.1 s apart would fill a 0.4 s window with
+    about four. Asked for two a window, the calls wait and gather them; asked for six,
+    this worker is not busy enough to be worth a wait, so every frame goes at once, as
+    at window 0. The setting reaches the pipeline."""
+    loop = asyncio.get_running_loop()
+    requests = [_request(pipeline, text_scene(320, 180, seed=s).jpeg()) for s in range(10)]
+
+    async def send(min_frames: float) -> tuple[DecodeBatcher, list[float]]:
+        b = DecodeBatcher(
+            pipeline.host_decoder,
+            stand_in,
+            pipeline.executor,
+            max_batch=64,
+            in_flight=1,
+            window_s=0.4,
+            adaptive=True,
+            min_frames=min_frames,
+        )
+        waits: list[float] = []
+        pending = []
+        for r in requests:  # 10 frames 0.1 s apart
+            fut = asyncio.ensure_future(b.decode(r))
+            t0 = loop.time()
+            fut.add_done_callback(lambda _, t0=t0: waits.append(loop.time() - t0))
+            pending.append(fut)
+            await asyncio.sleep(0.1)
+        assert all(p.on_device for p in await asyncio.gather(*pending))
+        await b.drain()
+        return b, waits
+
+    gathering, _ = await send(2)
+    busy_only, waits = await send(6)
+    # Two a window expected: after the first lone frame, calls held frames for the window.
+    assert gathering.batches <= 5, gathering.batches
+    # Six a window expected, four come: no call waited, each frame went alone at once.
+    assert (busy_only.batches, busy_only.batched_frames) == (10, 10)
+    assert max(waits) < 0.2, waits
+    await pipeline.close()
+    cfg = make_config(
+        {
+            "engine": {"kind": "onnxruntime"},
+            "decode": {"device_window_ms": 12, "device_window_min_frames": 5},
+        }
+    )
+    configured = FramePipeline(cfg, InferenceService(pipeline.service.spec, cfg))
+    assert configured.decoding.min_frames == 5
+    await configured.close()
+
+
 async def test_mock_a_frame_that_waited_for_a_busy_stream_is_not_held_for_a_second_window(
     pipeline: FramePipeline, stand_in: _StandInNvjpeg, monkeypatch: pytest.MonkeyPatch
 ) -> None:
