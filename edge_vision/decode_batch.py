@@ -41,6 +41,7 @@ import logging
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -253,21 +254,27 @@ class DecodeBatcher:
     host's cost of a device call is mostly a cost a call (docs/benchmarks.md), so a
     worker with few cameras trades that much latency for fewer, fuller calls. With
     ``adaptive`` a call waits out the window only while the worker's device frames come
-    at least ``min_frames`` a window (the recent gap between their arrivals, an average
-    over about eight gaps each counted at most two windows, times ``min_frames`` is no
-    longer than the window), so a worker whose frames come further apart, one camera or a
-    light load, pays no latency for calls that would carry few frames anyway (from about
-    six frames after a busier spell, as the average catches up). ``min_frames`` 1 waits
+    at least ``min_frames`` a window (the average of the last 32 gaps between their
+    arrivals, each counted at most two windows, times ``min_frames`` is no longer than the
+    window), so a worker whose frames come further apart, one camera or a light load, pays
+    no latency for calls that would carry few frames anyway (after a busier spell, once
+    the average has caught up: with ``min_frames`` 1, about 19 frames of one camera at 30
+    fps and a 20 ms window). ``min_frames`` 1 waits
     whenever the window should gather another frame; more keeps the wait for a worker
     busy enough that its calls would otherwise stay small, where the per-call host cost
-    the window saves is what limits the node. (A first version stopped each wait as soon as the
-    next frame looked due after the window's end; at 64 cameras on the H200 that cut
+    the window saves is what limits the node. (A first version stopped each wait as soon
+    as the next frame looked due after the window's end; at 64 cameras on the H200 that cut
     windows short, engine batches fell from 2.8 to 2.4 frames and the CPU saved shrank.)
     Host frames are one worker job each in the shared pool; device calls run on
     ``in_flight`` threads of their own.
     """
 
-    GAP_WEIGHT = 1 / 8  # how much each new gap between device frames moves the average
+    # How many recent gaps between device frames the adaptive window averages: enough
+    # that a few frames read back to back after the event loop was busy (a run of near-zero
+    # gaps) do not look like a busier worker (an average of the last 8 did, at 32 cameras on
+    # the H200, and held calls that should have gone), few enough to follow the load within
+    # a fraction of a second.
+    GAPS = 32
 
     def __init__(
         self,
@@ -292,10 +299,10 @@ class DecodeBatcher:
         self.adaptive = adaptive
         self.min_frames = min_frames
         self._window_timer: asyncio.TimerHandle | None = None
-        # The average gap between device frames' arrivals (adaptive), each gap counted at
+        # The last GAPS gaps between device frames' arrivals (adaptive), each counted at
         # most two windows, so an idle spell says only "further apart than the window";
-        # None until a second frame came (the first does not wait).
-        self._gap_s: float | None = None
+        # empty until a second frame came (the first does not wait).
+        self._gaps: deque[float] = deque(maxlen=self.GAPS)
         self._last_arrival: float | None = None
         # Gives back the canvas of a frame whose caller went away while it was decoded.
         self._release = release
@@ -329,9 +336,7 @@ class DecodeBatcher:
         now = loop.time()
         if self.adaptive and self.window_s > 0:  # the gaps matter only to an adaptive window
             if self._last_arrival is not None:
-                gap = min(now - self._last_arrival, 2 * self.window_s)
-                avg = self._gap_s
-                self._gap_s = gap if avg is None else avg + (gap - avg) * self.GAP_WEIGHT
+                self._gaps.append(min(now - self._last_arrival, 2 * self.window_s))
             self._last_arrival = now
         self._waiting.append((request, fut, now))
         self._kick(loop)
@@ -368,7 +373,8 @@ class DecodeBatcher:
         a window (the average gap times ``min_frames`` is no longer than the window)."""
         if not self.adaptive:
             return True
-        return self._gap_s is not None and self._gap_s * self.min_frames <= self.window_s
+        gaps = self._gaps
+        return bool(gaps) and sum(gaps) / len(gaps) * self.min_frames <= self.window_s
 
     def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._waiting and self._running < self.in_flight:

@@ -387,6 +387,42 @@ async def test_mock_adaptive_window_with_min_frames_waits_only_for_a_busy_worker
     await configured.close()
 
 
+async def test_mock_adaptive_window_is_not_started_by_a_few_frames_read_back_to_back(
+    pipeline: FramePipeline, stand_in: _StandInNvjpeg
+) -> None:
+    """A worker whose frames come about 4 a window, asked for 5 (min_frames), does not
+    wait; nor when four frames then arrive at once, as they do after the event loop was
+    busy for a moment: the average over the last 32 gaps barely moves (over the last 8 it
+    would fall below the threshold; an average that short held such frames for the window
+    at 32 cameras on the H200)."""
+    loop = asyncio.get_running_loop()
+    scenes = [text_scene(320, 180, seed=s).jpeg() for s in range(4)]
+    b = DecodeBatcher(
+        pipeline.host_decoder,
+        stand_in,
+        pipeline.executor,
+        max_batch=64,
+        in_flight=2,
+        window_s=0.1,
+        adaptive=True,
+        min_frames=5,
+    )
+    start = loop.time()
+    steady = []
+    for i in range(33):  # 32 gaps of 25 ms (or a little more): 4 frames a 0.1 s window
+        await asyncio.sleep(max(0.0, start + i * 0.025 - loop.time()))
+        steady.append(asyncio.ensure_future(b.decode(_request(pipeline, scenes[i % 4]))))
+    assert all(g.on_device for g in await asyncio.gather(*steady))
+    t0 = loop.time()
+    burst = [_request(pipeline, scene) for scene in scenes]
+    got = await asyncio.gather(*(b.decode(r) for r in burst))
+    assert all(g.on_device for g in got)
+    # Held for the window, the last of them would be answered 0.1 s or more after t0.
+    assert loop.time() - t0 < 0.08
+    await b.drain()
+    await pipeline.close()
+
+
 async def test_mock_a_frame_that_waited_for_a_busy_stream_is_not_held_for_a_second_window(
     pipeline: FramePipeline, stand_in: _StandInNvjpeg, monkeypatch: pytest.MonkeyPatch
 ) -> None:
