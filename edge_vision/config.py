@@ -557,8 +557,8 @@ class DecodeConfig(_Section):
         "come within it. More: wait only while this worker is busy enough that its calls "
         "would otherwise stay small, where the per-call host cost the window saves is what "
         "limits the node; below that load frames go at once. On the H200 with 6 workers and "
-        "20 ms, 4.5 waited at 64 cameras (about 6 frames a window a worker: 4.2x less server "
-        "CPU a frame than the host path, p99 45 ms) and not at 32 (about 3: p99 12 ms, "
+        "20 ms, 4.5 waited at 64 cameras (about 6 frames a window a worker: 4.6x less server "
+        "CPU a frame than the host path, p99 44 ms) and seldom at 32 (about 3: p99 17 ms, "
         "against 37 with min_frames 1) (docs/deployment.md).",
     )
     device_wait: Literal["host", "stream"] = Field(
