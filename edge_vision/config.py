@@ -541,7 +541,7 @@ class DecodeConfig(_Section):
         "window (the average of the last 32 gaps between them, each gap counted at most two "
         "windows, is no longer than the window), so a worker whose frames come further "
         "apart (one camera, a light load) adds no latency for calls that would carry one "
-        "frame anyway, once the average has caught up after a busier spell (about 19 "
+        "frame anyway, once the average has caught up after a busier spell (17-19 "
         "frames of one camera at 30 fps and 20 ms) "
         "(decode.device_window_min_frames asks for more frames a window). false: the "
         "plain window (every call waits until its oldest frame has waited the window, "
@@ -558,8 +558,8 @@ class DecodeConfig(_Section):
         "would otherwise stay small, where the per-call host cost the window saves is what "
         "limits the node; below that load frames go at once. On the H200 with 6 workers and "
         "20 ms, 4.5 waited at 64 cameras (about 6 frames a window a worker: 4.6x less server "
-        "CPU a frame than the host path, p99 44 ms) and seldom at 32 (about 3: p99 17 ms, "
-        "against 37 with min_frames 1) (docs/deployment.md).",
+        "CPU a frame than the host path, p99 44 ms) and seldom at 32 (about 3: p99 17 ms; "
+        "37 without min_frames in a run of 2026-12-03) (docs/deployment.md).",
     )
     device_wait: Literal["host", "stream"] = Field(
         "host",

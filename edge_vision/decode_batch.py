@@ -258,23 +258,26 @@ class DecodeBatcher:
     arrivals, each counted at most two windows, times ``min_frames`` is no longer than the
     window), so a worker whose frames come further apart, one camera or a light load, pays
     no latency for calls that would carry few frames anyway (after a busier spell, once
-    the average has caught up: with ``min_frames`` 1, about 19 frames of one camera at 30
-    fps and a 20 ms window). ``min_frames`` 1 waits
-    whenever the window should gather another frame; more keeps the wait for a worker
-    busy enough that its calls would otherwise stay small, where the per-call host cost
-    the window saves is what limits the node. (A first version stopped each wait as soon
-    as the next frame looked due after the window's end; at 64 cameras on the H200 that cut
-    windows short, engine batches fell from 2.8 to 2.4 frames and the CPU saved shrank.)
+    the average has caught up: with ``min_frames`` 1, 17-19 frames of one camera at 30 fps
+    and a 20 ms window, against 7-8 with the exponential average before 2026-12-04).
+    ``min_frames`` 1 waits whenever the window should gather another frame; more keeps the
+    wait for a worker busy enough that its calls would otherwise stay small, where the
+    per-call host cost the window saves is what limits the node. (A first version stopped
+    each wait as soon as the next frame looked due after the window's end; at 64 cameras on
+    the H200 that cut windows short, engine batches fell from 2.8 to 2.4 frames and the CPU
+    saved shrank.)
     Host frames are one worker job each in the shared pool; device calls run on
     ``in_flight`` threads of their own.
     """
 
     # How many recent gaps between device frames the adaptive window averages: enough
     # that a few frames read back to back after the event loop was busy (a run of near-zero
-    # gaps) do not look like a busier worker (an average of the last 8 did, at 32 cameras on
-    # the H200, and held calls that should have gone), few enough to follow the load within
-    # a fraction of a second.
-    GAPS = 32
+    # gaps) do not look like a busier worker (an exponential average weighting each new gap
+    # 1/8 did, at 32 cameras on the H200, and held calls that should have gone), few enough
+    # to follow the load within a fraction of a second. Each gap counts at most two
+    # windows, whatever min_frames asks: a lower cap would shorten the long gaps of a
+    # light, bursty load and pull its average under the threshold.
+    GAP_HISTORY = 32
 
     def __init__(
         self,
@@ -299,10 +302,10 @@ class DecodeBatcher:
         self.adaptive = adaptive
         self.min_frames = min_frames
         self._window_timer: asyncio.TimerHandle | None = None
-        # The last GAPS gaps between device frames' arrivals (adaptive), each counted at
+        # The last GAP_HISTORY gaps between device frames' arrivals (adaptive), each counted at
         # most two windows, so an idle spell says only "further apart than the window";
         # empty until a second frame came (the first does not wait).
-        self._gaps: deque[float] = deque(maxlen=self.GAPS)
+        self._gaps: deque[float] = deque(maxlen=self.GAP_HISTORY)
         self._last_arrival: float | None = None
         # Gives back the canvas of a frame whose caller went away while it was decoded.
         self._release = release

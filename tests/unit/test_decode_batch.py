@@ -351,7 +351,7 @@ async def test_mock_adaptive_window_with_min_frames_waits_only_for_a_busy_worker
             stand_in,
             pipeline.executor,
             max_batch=64,
-            in_flight=1,
+            in_flight=len(requests),  # only a window can put two frames in one call
             window_s=0.4,
             adaptive=True,
             min_frames=min_frames,
@@ -374,7 +374,7 @@ async def test_mock_adaptive_window_with_min_frames_waits_only_for_a_busy_worker
     assert gathering.batches <= 5, gathering.batches
     # Six a window expected, four come: no call waited, each frame went alone at once.
     assert (busy_only.batches, busy_only.batched_frames) == (10, 10)
-    assert max(waits) < 0.2, waits
+    assert max(waits) < 0.3, waits  # a held frame would wait 0.4 s
     await pipeline.close()
     cfg = make_config(
         {
@@ -390,11 +390,12 @@ async def test_mock_adaptive_window_with_min_frames_waits_only_for_a_busy_worker
 async def test_mock_adaptive_window_is_not_started_by_a_few_frames_read_back_to_back(
     pipeline: FramePipeline, stand_in: _StandInNvjpeg
 ) -> None:
-    """A worker whose frames come about 4 a window, asked for 5 (min_frames), does not
-    wait; nor when four frames then arrive at once, as they do after the event loop was
-    busy for a moment: the average over the last 32 gaps barely moves (over the last 8 it
-    would fall below the threshold; an average that short held such frames for the window
-    at 32 cameras on the H200)."""
+    """A worker whose frames come about 3.6 a window, asked for 5 (min_frames), does not
+    wait; nor when six frames then arrive at once, as they do after the event loop was
+    busy for a moment: the average over the last 32 gaps barely moves (the 1/8 exponential
+    average of commit 26e6ad7, or a mean of the last 8 gaps, would fall under the
+    threshold and hold the burst for the window; the exponential one held such frames at
+    32 cameras on the H200)."""
     loop = asyncio.get_running_loop()
     scenes = [text_scene(320, 180, seed=s).jpeg() for s in range(4)]
     b = DecodeBatcher(
@@ -402,23 +403,26 @@ async def test_mock_adaptive_window_is_not_started_by_a_few_frames_read_back_to_
         stand_in,
         pipeline.executor,
         max_batch=64,
-        in_flight=2,
+        in_flight=8,  # only a window can put two frames in one call
         window_s=0.1,
         adaptive=True,
-        min_frames=5,
+        min_frames=5,  # waits while the average gap is 20 ms or less
     )
     start = loop.time()
     steady = []
-    for i in range(33):  # 32 gaps of 25 ms (or a little more): 4 frames a 0.1 s window
-        await asyncio.sleep(max(0.0, start + i * 0.025 - loop.time()))
+    for i in range(33):  # 32 gaps of 28 ms (or a little more): about 3.6 frames a window
+        await asyncio.sleep(max(0.0, start + i * 0.028 - loop.time()))
         steady.append(asyncio.ensure_future(b.decode(_request(pipeline, scenes[i % 4]))))
     assert all(g.on_device for g in await asyncio.gather(*steady))
-    t0 = loop.time()
-    burst = [_request(pipeline, scene) for scene in scenes]
+    assert b.batches >= 25, b.batches  # (held for windows, about 9 calls)
+    await asyncio.sleep(0.028)
+    before = b.batches
+    burst = [_request(pipeline, scenes[i % 4]) for i in range(6)]
     got = await asyncio.gather(*(b.decode(r) for r in burst))
     assert all(g.on_device for g in got)
-    # Held for the window, the last of them would be answered 0.1 s or more after t0.
-    assert loop.time() - t0 < 0.08
+    # Each went at once, in a call of its own; under a shorter average the last three or
+    # four would have been held for the window and gone in one call (4 calls, not 6).
+    assert b.batches - before == 6
     await b.drain()
     await pipeline.close()
 
