@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from edge_vision.aio import with_timeout
+from edge_vision.bench.command import _ratios
 from edge_vision.bench.load import CameraPlan, run_camera
 
 from .support.timing import T
@@ -80,13 +81,51 @@ def test_bench_compares_ours_with_the_engine_ceiling_and_the_baseline(tmp_path: 
     assert r["engine_only"]["rows"][0]["serial"]["frames_per_s"] > 0
     assert "engine ceiling" in r["_stdout"] and "baseline p99" in r["_stdout"]
     # The push: the most cameras that stayed >= 95 % answered, as a share of the ceiling
-    # of this same run (two polite cameras on this machine are answered in full).
-    assert ours["answered"] >= 0.95 * ours["sent"], ours
-    push = r["ratios"]["push"]
-    assert push["cameras"] == 2 and "push: 2 cameras" in r["_stdout"]
+    # of this same run. Two polite cameras are usually answered in full here; in a loaded
+    # full test run a few of their frames were once superseded by later ones (latest-wins,
+    # counted as dropped), and then no count holds. The rule itself: the test below.
     ceiling = max(row["pipelined"]["frames_per_s"] for row in r["engine_only"]["rows"])
-    assert push["fraction_of_ceiling"] == pytest.approx(ours["answered_per_s"] / ceiling)
+    if ours["answered"] >= 0.95 * ours["sent"]:
+        push = r["ratios"]["push"]
+        assert push["cameras"] == 2 and "push: 2 cameras" in r["_stdout"]
+        assert push["fraction_of_ceiling"] == pytest.approx(ours["answered_per_s"] / ceiling)
+    else:
+        assert "push" not in r["ratios"] and "push:" not in r["_stdout"]
     assert {"results.json", "latency_cdf.png", "throughput_p99_vs_cameras.png"} <= set(r["_files"])
+
+
+def test_the_push_is_the_most_cameras_still_answered_95_percent_as_a_share_of_the_ceiling() -> None:
+    """The push toward the engine (issue 11): of a sweep, the largest camera count whose
+    answered frames stayed >= 95 % of those sent, and its answered rate over the ceiling
+    measured in the same run; the baseline's runs do not count."""
+
+    def run(name: str, cameras: int, sent: int, answered: int) -> dict[str, Any]:
+        return {
+            "name": name,
+            "cameras": cameras,
+            "sent": sent,
+            "answered": answered,
+            "answered_per_s": answered / 10,
+            "latency_ms": {"p99": 20.0},
+            "p99_by_third_ms": [20.0, 20.0, 20.0],
+        }
+
+    engine = {
+        "rows": [
+            {"serial": {"batch_ms": {"p50": 5.0}}, "pipelined": {"frames_per_s": 400.0}},
+            {"serial": {"batch_ms": {"p50": 8.0}}, "pipelined": {"frames_per_s": 500.0}},
+        ]
+    }
+    runs = [
+        run("edge_vision", 8, 2400, 2400),
+        run("edge_vision", 16, 4800, 4560),  # exactly 95 %: holds
+        run("edge_vision", 32, 9600, 9000),  # 93.75 %: does not
+        run("baseline", 64, 19200, 19200),  # not ours
+    ]
+    push = _ratios(runs, engine)["push"]
+    assert push["cameras"] == 16
+    assert push["fraction_of_ceiling"] == pytest.approx(456 / 500)
+    assert "push" not in _ratios([run("edge_vision", 8, 2400, 2000)], engine)
 
 
 async def test_a_camera_against_a_server_that_stops_reading_reports_the_stall() -> None:
