@@ -26,6 +26,7 @@ import simplejpeg
 from PIL import Image
 
 from edge_vision.decode_batch import (
+    BatchDecoder,
     DecodeBatcher,
     DecodeRequest,
     DeviceFrame,
@@ -80,6 +81,13 @@ def pipeline(spec: ModelSpec) -> FramePipeline:
 
 def _request(pipeline: FramePipeline, data: bytes) -> DecodeRequest:
     return pipeline.request_for(FrameMessage(1, 0.0, data, False, 0.0))
+
+
+def _batcher(pipeline: FramePipeline, device: BatchDecoder, **options: Any) -> DecodeBatcher:
+    """A batcher over the pipeline's host decoder and worker pool with ``device`` as its
+    GPU decoder, at most 64 frames a call unless ``max_batch`` says otherwise."""
+    options.setdefault("max_batch", 64)
+    return DecodeBatcher(pipeline.host_decoder, device, pipeline.executor, **options)
 
 
 class _StandInNvjpeg(CudaBatchDecoder):
@@ -223,9 +231,7 @@ async def test_mock_decode_batcher_batches_waiting_device_frames_and_keeps_host_
     pipeline: FramePipeline, stand_in: _StandInNvjpeg
 ) -> None:
     dec = stand_in
-    batcher = DecodeBatcher(
-        pipeline.host_decoder, dec, pipeline.executor, max_batch=64, in_flight=1
-    )
+    batcher = _batcher(pipeline, dec, in_flight=1)
     jpegs = [text_scene(320, 180, seed=s).jpeg() for s in range(9)]
     requests = [_request(pipeline, d) for d in jpegs]
     corrupt = _request(pipeline, jpegs[0][:200])
@@ -255,9 +261,7 @@ async def test_mock_decode_window_gathers_frames_into_one_call_and_a_full_batch_
     jpegs = [text_scene(320, 180, seed=s).jpeg() for s in range(6)]
     requests = [_request(pipeline, d) for d in jpegs]
 
-    gathered = DecodeBatcher(
-        pipeline.host_decoder, dec, pipeline.executor, max_batch=64, in_flight=1, window_s=0.2
-    )
+    gathered = _batcher(pipeline, dec, in_flight=1, window_s=0.2)
     first = asyncio.ensure_future(gathered.decode(requests[0]))
     await asyncio.sleep(0.01)  # arrives inside the first frame's window
     rest = await asyncio.gather(*(gathered.decode(r) for r in requests[1:]))
@@ -269,9 +273,7 @@ async def test_mock_decode_window_gathers_frames_into_one_call_and_a_full_batch_
     assert alone.on_device and loop.time() - t0 >= 0.2
     assert (gathered.batches, gathered.batched_frames) == (2, 7)
 
-    full = DecodeBatcher(
-        pipeline.host_decoder, dec, pipeline.executor, max_batch=3, in_flight=1, window_s=60.0
-    )
+    full = _batcher(pipeline, dec, max_batch=3, in_flight=1, window_s=60.0)
     done = await asyncio.wait_for(asyncio.gather(*(full.decode(r) for r in requests[:3])), 30)
     assert len(done) == 3 and (full.batches, full.batched_frames) == (1, 3)
     await gathered.drain()
@@ -295,15 +297,7 @@ async def test_mock_adaptive_window_gathers_close_frames_and_never_holds_frames_
     requests = [_request(pipeline, text_scene(320, 180, seed=s).jpeg()) for s in range(12)]
 
     def batcher() -> DecodeBatcher:
-        return DecodeBatcher(
-            pipeline.host_decoder,
-            stand_in,
-            pipeline.executor,
-            max_batch=64,
-            in_flight=1,
-            window_s=0.4,
-            adaptive=True,
-        )
+        return _batcher(pipeline, stand_in, in_flight=1, window_s=0.4, adaptive=True)
 
     close = batcher()
     pending = []
@@ -346,11 +340,9 @@ async def test_mock_adaptive_window_with_min_frames_waits_only_for_a_busy_worker
     requests = [_request(pipeline, text_scene(320, 180, seed=s).jpeg()) for s in range(10)]
 
     async def send(min_frames: float) -> tuple[DecodeBatcher, list[float]]:
-        b = DecodeBatcher(
-            pipeline.host_decoder,
+        b = _batcher(
+            pipeline,
             stand_in,
-            pipeline.executor,
-            max_batch=64,
             in_flight=len(requests),  # only a window can put two frames in one call
             window_s=0.4,
             adaptive=True,
@@ -398,11 +390,9 @@ async def test_mock_adaptive_window_is_not_started_by_a_few_frames_read_back_to_
     32 cameras on the H200)."""
     loop = asyncio.get_running_loop()
     scenes = [text_scene(320, 180, seed=s).jpeg() for s in range(4)]
-    b = DecodeBatcher(
-        pipeline.host_decoder,
+    b = _batcher(
+        pipeline,
         stand_in,
-        pipeline.executor,
-        max_batch=64,
         in_flight=8,  # only a window can put two frames in one call
         window_s=0.1,
         adaptive=True,
@@ -440,9 +430,7 @@ async def test_mock_a_frame_that_waited_for_a_busy_stream_is_not_held_for_a_seco
         return decode_batch(requests)
 
     monkeypatch.setattr(slow, "decode_batch", one_second_call)
-    batcher = DecodeBatcher(
-        pipeline.host_decoder, slow, pipeline.executor, max_batch=64, in_flight=1, window_s=0.5
-    )
+    batcher = _batcher(pipeline, slow, in_flight=1, window_s=0.5)
     loop = asyncio.get_running_loop()
     a_req, b_req = (_request(pipeline, text_scene(320, 180, seed=s).jpeg()) for s in (1, 2))
     t0 = loop.time()
@@ -488,15 +476,7 @@ async def test_mock_closing_sends_frames_an_adaptive_window_holds(
 ) -> None:
     """Frames that an adaptive window holds (they came 10 ms apart against a 60 s window)
     are decoded and answered when the batcher drains, in one call, not left waiting."""
-    batcher = DecodeBatcher(
-        pipeline.host_decoder,
-        stand_in,
-        pipeline.executor,
-        max_batch=64,
-        in_flight=1,
-        window_s=60.0,
-        adaptive=True,
-    )
+    batcher = _batcher(pipeline, stand_in, in_flight=1, window_s=60.0, adaptive=True)
     requests = [_request(pipeline, text_scene(320, 180, seed=s).jpeg()) for s in range(3)]
     first = await batcher.decode(requests[0])  # no gap known yet: at once
     held = []
