@@ -1,14 +1,19 @@
 """edge_vision: real-time computer vision over one WebSocket, for edge devices.
 
-The package reads like the path of one frame::
+The folders are the parts, top to bottom (each imports only those below it; the import
+contracts in pyproject.toml check it, docs/architecture.md maps every module)::
 
-    receive -> admit -> decode -> shape -> batch -> infer -> post -> reply
+    tools/    replay, the bench load test, doctor, build-engine
+    serve/    the HTTP/WebSocket shell, workers, admission limits, auth   client.py
+    state/    shared connection state (in process or Redis)
+    session/  the sans-I/O session core: messages in and out, admission, versions
+    frames/   the frame path: decode -> batch -> infer -> post -> track -> read
+    engines/  every inference backend behind one interface, and the CUDA layer
+    model/    the model's contract: its spec, input shape and letterbox, its heads
+    config.py every setting, composed and validated
+    common/   what every layer uses: metrics, memory budget, systemd, close codes, types
 
-(admit is ``session_core``, the one sans-I/O home of admission, superseding, reply order
-and the books), with ``pipeline`` joining the stages for one frame, ``connection`` and
-``server`` as the thin asyncio shell, ``supervisor`` choosing and keeping the engine that
-``infer`` batches onto, ``engines/`` behind one interface, ``state/`` for shared
-connection state and ``config`` holding every setting.
+``cli.py`` is the ``edge-vision`` command; ``errors.py`` the one exception tree.
 """
 
 __version__ = "0.1.0"

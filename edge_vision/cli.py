@@ -62,7 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sys.stdout.write(dump_config(config))
         return 0
     setup_logging(config.logging.level)
-    from .server import run_server
+    from .serve.server import run_server
 
     run_server(config)
     return 0
@@ -91,7 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
 # Subcommands that live in their own modules; each has ``register_cli(subparsers)`` and
 # keeps its heavy imports inside the command function. Imported when the parser is built:
 # they import this module for the shared config flags.
-SUBCOMMAND_MODULES = ("replay", "bench", "build_engine", "auth", "doctor")
+SUBCOMMAND_MODULES = (
+    "tools.replay",
+    "tools.bench",
+    "tools.build_engine",
+    "serve.auth",
+    "tools.doctor",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -47,9 +47,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import aiohttp
 import orjson
 
-from .aio import cancel_and_wait
-from .auth import RESUME_ENTRY, SUBPROTOCOL
-from .close_codes import CloseCode
+from .common.aio import cancel_and_wait
+from .common.close_codes import CloseCode
+from .common.settings import Mode
 from .errors import (
     AccessForbidden,
     AuthenticationFailed,
@@ -73,8 +73,13 @@ from .errors import (
     SlowClient,
     TokenExpired,
 )
-from .receive import PROTOCOL_VERSION, SUPPORTED_VERSIONS, encode_binary_frame, encode_json_frame
-from .settings import Mode
+from .serve.auth import RESUME_ENTRY, SUBPROTOCOL
+from .session.receive import (
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    encode_binary_frame,
+    encode_json_frame,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -90,7 +95,7 @@ FrameId = int | str
 #: latest-wins dropped it); ``closed``, the connection closed while it was in flight.
 DropCause = Literal["latest", "closed"]
 
-#: Close codes of protocol 2 (edge_vision/close_codes.py) → the exception a client raises;
+#: Close codes of protocol 2 (edge_vision/common/close_codes.py) → the exception a client raises;
 #: 1001 and 1008 depend on more than the code (see EdgeVisionClient._classify).
 _CLOSED_BY_CODE: Mapping[int, type[ConnectionClosed]] = {
     CloseCode.NORMAL: SessionEnded,

@@ -31,8 +31,8 @@ from pydantic import (
     model_validator,
 )
 
+from .common.settings import Mode
 from .errors import ConfigError
-from .settings import Mode
 
 ENV_PREFIX = "EDGE_VISION_"
 ENV_CONFIG_FILE = "EDGE_VISION_CONFIG"
@@ -100,7 +100,7 @@ class ServerConfig(_Section):
         "with the fewest clients (among those whose engine is warm); reuse-port, every "
         "worker listens (SO_REUSEPORT) and the kernel picks by a hash of the client's "
         "address, which put 2 cameras on one worker and 8 on another at 64 cameras on 12 "
-        "workers (edge_vision/balance.py, docs/benchmarks.md).",
+        "workers (edge_vision/serve/balance.py, docs/benchmarks.md).",
     )
     ping_interval_s: float = Field(
         20.0, gt=0, description="WebSocket ping period (RFC 6455 5.5.2)."
@@ -171,7 +171,7 @@ class ServerConfig(_Section):
         description="Each serving process's event loop: asyncio (Python's own) or uvloop "
         "(libuv, pip install uvloop). uvloop took 10 % less server CPU a WebSocket message "
         "on the 2-core machine, under 1 % of a frame's cost on the GPU path "
-        "(python -m edge_vision.bench.loop, docs/benchmarks.md).",
+        "(python -m edge_vision.tools.bench.loop, docs/benchmarks.md).",
     )
     test_echo_route: bool = Field(
         False,
@@ -782,7 +782,7 @@ class LimitsConfig(_Section):
 
 
 class ReadConfig(_Section):
-    """Reading the text in the boxes (edge_vision.read; since protocol 2, per session
+    """Reading the text in the boxes (edge_vision.frames.read; since protocol 2, per session
     ``settings.read``, off by default)."""
 
     enabled: bool = Field(

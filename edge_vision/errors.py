@@ -9,7 +9,7 @@
     │                          model metadata differs from the ONNX model): stops start-up
     ├── StateUnavailable       the state store (Redis) cannot be reached; frames keep flowing
     ├── UnsupportedProtocol    a client asked for a protocol version this node does not serve
-    │                          (HTTP 400 before the upgrade; edge_vision/versions.py)
+    │                          (HTTP 400 before the upgrade; edge_vision/session/versions.py)
     ├── ClientError            bad input from one client; becomes an ``error`` message with a
     │                          stable ``code`` and never a traceback in the log
     └── ProtocolClientError    raised by the protocol client, edge_vision.client (docs/client.md)

@@ -29,7 +29,7 @@ from edge_vision.config import ModelConfig
 from edge_vision.engines.base import Engine
 from edge_vision.engines.onnxruntime import OnnxRuntimeEngine
 from edge_vision.engines.triton import TritonEngine
-from edge_vision.models import load_model_spec
+from edge_vision.model.spec import load_model_spec
 from tests.support.server import make_config
 from tests.support.triton import TritonProcess
 

@@ -11,7 +11,7 @@ import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
 
 from edge_vision.config import ModelConfig
-from edge_vision.models import ModelSpec, load_model_spec
+from edge_vision.model.spec import ModelSpec, load_model_spec
 
 from .support.redis_server import RedisServer
 from .support.server import RunningServer, make_config, running_server

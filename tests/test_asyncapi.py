@@ -1,6 +1,6 @@
 """docs/asyncapi.yaml is the protocol's contract: it validates with the real AsyncAPI parser,
 every message a running server sends validates against its schema, and the server's own
-parser (edge_vision/receive.py) and the schemas agree on valid and invalid client messages.
+parser (edge_vision/session/receive.py) and the schemas agree on valid and invalid client messages.
 
 The validator is @asyncapi/parser from npm, installed by scripts/test into .npm-tools/.
 """
@@ -23,10 +23,10 @@ from jsonschema import Draft7Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from edge_vision.close_codes import CloseCode
+from edge_vision.common.close_codes import CloseCode
 from edge_vision.errors import ERROR_CODES, ClientError
-from edge_vision.models import ModelSpec
-from edge_vision.receive import (
+from edge_vision.model.spec import ModelSpec
+from edge_vision.session.receive import (
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
     decode_base64,

@@ -26,11 +26,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from edge_vision import auth
 from edge_vision.cli import main as cli_main
-from edge_vision.close_codes import CLOSE_REASONS, CloseCode
+from edge_vision.common.close_codes import CLOSE_REASONS, CloseCode
 from edge_vision.config import ModelConfig
-from edge_vision.models import ModelSpec, load_model_spec
+from edge_vision.model.spec import ModelSpec, load_model_spec
+from edge_vision.serve import auth
 
 from .support.clients import connect
 from .support.server import RunningServer, make_config, running_server
@@ -260,7 +260,7 @@ async def test_replay_with_token_connects(srv: RunningServer, tmp_path: Path) ->
     summary = tmp_path / "summary.json"
 
     def run(*extra: str) -> int:
-        from edge_vision import replay
+        from edge_vision.tools import replay
 
         argv = [str(clip.path), "--url", srv.ws_url, "--summary-json", str(summary)]
         return replay.main([*argv, "--no-progress", *extra])
@@ -287,7 +287,7 @@ async def test_auth_on_without_any_credential_source_stops_start_up(
     small_spec: ModelSpec,
 ) -> None:
     from edge_vision.errors import ConfigError
-    from edge_vision.server import create_app
+    from edge_vision.serve.server import create_app
 
     cfg = make_config({"auth": {"enabled": True, "token_secret_env": "EV_TEST_NO_SUCH_VAR"}})
     with pytest.raises(ConfigError, match="no credential could ever pass"):
@@ -386,7 +386,7 @@ def test_every_close_code_is_distinct_and_documented() -> None:
 
 
 def test_the_store_holds_only_the_resume_secrets_hash_and_old_records_still_resume() -> None:
-    from edge_vision.session import Session, new_session, secret_digest, token_matches
+    from edge_vision.session.record import Session, new_session, secret_digest, token_matches
 
     s = new_session("node-a", "latest", 0.5, "127.0.0.1", "agent")
     rec = s.to_record()

@@ -2,7 +2,7 @@
 
 ``/ws`` speaks an application protocol (hello first, JSON replies), so the suite's echo
 cases run against ``/test/echo`` (``server.test_echo_route``), which
-:func:`edge_vision.websocket.websocket_response` builds with exactly ``/ws``'s WebSocket
+:func:`edge_vision.serve.websocket.websocket_response` builds with exactly ``/ws``'s WebSocket
 settings and close handling. Cases 1-7 (framing, pings, reserved bits and opcodes,
 fragmentation, UTF-8, closing), 9.1.1-9.2.4 (text and binary messages of 64 KiB to
 16 MiB) and 10 (auto-fragmentation). Every case must be OK, NON-STRICT or INFORMATIONAL,
@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from edge_vision.aio import with_timeout
-from edge_vision.models import ModelSpec
-from edge_vision.websocket import ECHO_PATH
+from edge_vision.common.aio import with_timeout
+from edge_vision.model.spec import ModelSpec
+from edge_vision.serve.websocket import ECHO_PATH
 
 from .support.server import make_config, running_server
 from .support.timing import T
@@ -129,7 +129,7 @@ async def test_the_echo_route_exists_only_when_the_test_flag_is_set(server: Any)
 
 
 def test_close_codes_a_peer_must_not_send_are_answered_with_1002() -> None:
-    from edge_vision.websocket import reply_close_code
+    from edge_vision.serve.websocket import reply_close_code
 
     for ok in (0, 1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 3000, 4000, 4999):
         assert reply_close_code(ok) == 1000, ok

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from edge_vision.aio import with_timeout
+from edge_vision.common.aio import with_timeout
 
 from .support.clients import connect, frame_binary, frame_json, recv, recv_type
 from .support.images import png_header_only, text_scene

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from edge_vision.aio import with_timeout
-from edge_vision.bench.command import _ratios
-from edge_vision.bench.load import CameraPlan, run_camera
+from edge_vision.common.aio import with_timeout
+from edge_vision.tools.bench.command import _ratios
+from edge_vision.tools.bench.load import CameraPlan, run_camera
 
 from .support.timing import T
 
@@ -69,7 +69,7 @@ def test_bench_compares_ours_with_the_engine_ceiling_and_the_baseline(tmp_path: 
         assert run["answered"] + run["dropped"] == run["sent"]
         assert run["latency_ms"]["p50"] > 0
     assert ours["server_stages_ms"]["infer_ms"]["p50"] > 0
-    # Where the server's CPU went, by thread role (edge_vision/threads.py): the ONNX
+    # Where the server's CPU went, by thread role (edge_vision/common/threads.py): the ONNX
     # Runtime threads did the inference, the event loop the WebSocket; together the
     # roles account for the server's CPU.
     roles = ours["server_cpu_by_thread_s"]
@@ -177,11 +177,11 @@ async def test_a_camera_against_a_server_that_stops_reading_reports_the_stall() 
 def small_bench(
     module: str, *args: str, json_out: Path | None, timeout: float
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """``python -m edge_vision.bench.MODULE ARGS [--json JSON_OUT]``: the finished process
+    """``python -m edge_vision.tools.bench.MODULE ARGS [--json JSON_OUT]``: the finished process
     and, when it succeeded with ``json_out``, its report."""
     extra = ("--json", str(json_out)) if json_out is not None else ()
     proc = subprocess.run(
-        [sys.executable, "-m", f"edge_vision.bench.{module}", *args, *extra],
+        [sys.executable, "-m", f"edge_vision.tools.bench.{module}", *args, *extra],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -193,7 +193,7 @@ def small_bench(
 
 @pytest.mark.timeout(180)
 def test_the_loop_bench_times_the_server_s_cpu_a_message_on_each_loop(tmp_path: Path) -> None:
-    """python -m edge_vision.bench.loop, tiny: a real server per loop, every message echoed
+    """python -m edge_vision.tools.bench.loop, tiny: a real server per loop, every message echoed
     and counted, the server's CPU per message read from /proc for both loops."""
     proc, report = small_bench(
         "loop",
@@ -214,7 +214,7 @@ def test_the_loop_bench_times_the_server_s_cpu_a_message_on_each_loop(tmp_path: 
 def test_the_handoff_bench_passes_every_frame_through_shared_memory_and_times_both_sides(
     tmp_path: Path,
 ) -> None:
-    """python -m edge_vision.bench.handoff, tiny: every frame's reply comes back from the
+    """python -m edge_vision.tools.bench.handoff, tiny: every frame's reply comes back from the
     other process (the bench fails on a reply that is not its frame's), and both sides'
     CPU a frame is reported for each batch size."""
     proc, report = small_bench(
@@ -235,7 +235,7 @@ def test_the_handoff_bench_passes_every_frame_through_shared_memory_and_times_bo
 def test_the_overhead_bench_answers_every_frame_with_the_stand_in_model_and_splits_cpu_by_role(
     tmp_path: Path,
 ) -> None:
-    """python -m edge_vision.bench.overhead, tiny: a real server serves real JPEGs with the
+    """python -m edge_vision.tools.bench.overhead, tiny: a real server serves real JPEGs with the
     stand-in detector, which finds boxes on them, each variant is its own server with its
     settings applied (a bad setting fails the bench), every frame is answered, and the
     server's CPU a frame is reported by role, the engine's left out of service_ms."""

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from edge_vision.bench.load import CameraPlan, children_cpu_seconds, cpu_seconds, run_cameras
+from edge_vision.tools.bench.load import CameraPlan, children_cpu_seconds, cpu_seconds, run_cameras
 
 from .support.images import text_scene
 from .support.server import RunningServer

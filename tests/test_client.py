@@ -23,9 +23,9 @@ from aiohttp import web
 
 from edge_vision import errors
 from edge_vision.client import EdgeVisionClient, FrameError, Result
-from edge_vision.models import ModelSpec
-from edge_vision.server import SERVICE, STARTUP, create_app
-from edge_vision.threads import opencv_threads
+from edge_vision.common.threads import opencv_threads
+from edge_vision.model.spec import ModelSpec
+from edge_vision.serve.server import SERVICE, STARTUP, create_app
 
 from .support.assertions import assert_box_overlaps
 from .support.clients import camera_client
@@ -264,7 +264,7 @@ async def _one_frame_from_a_node(tmp_path: Path, *settings: str) -> str:
 
 async def test_a_real_server_process_on_uvloop_serves_frames(tmp_path: Path) -> None:
     """server.event_loop uvloop: `edge-vision serve` runs its loop on libuv and serves as
-    on asyncio's (python -m edge_vision.bench.loop measures the difference)."""
+    on asyncio's (python -m edge_vision.tools.bench.loop measures the difference)."""
     assert "event loop: uvloop" in await _one_frame_from_a_node(
         tmp_path, "server.event_loop=uvloop"
     )
@@ -462,8 +462,8 @@ def test_since_protocol_2_the_resume_token_stays_out_of_the_url() -> None:
 
 
 def test_every_close_code_the_server_sends_has_its_own_exception() -> None:
-    """edge_vision/close_codes.py is the server's table: each code maps to a subclass."""
-    from edge_vision.close_codes import CLOSE_REASONS
+    """edge_vision/common/close_codes.py is the server's table: each code maps to a subclass."""
+    from edge_vision.common.close_codes import CLOSE_REASONS
 
     client = EdgeVisionClient("ws://127.0.0.1:1/ws")
     for code, reason in CLOSE_REASONS.items():

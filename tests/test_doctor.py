@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_vision import doctor as doctor_module
-from edge_vision.doctor import (
+from edge_vision.tools import doctor as doctor_module
+from edge_vision.tools.doctor import (
     FAIL,
     NA,
     PASS,
@@ -172,8 +172,12 @@ def mock_gpu(
 ) -> MockState:
     """The mock TensorRT and CUDA layer, also where doctor probes the layers (as one)."""
     state, _ = mock_trt
-    monkeypatch.setattr("edge_vision.cuda.open_runtime", lambda *a, **k: MockCudaRuntime(state))
-    monkeypatch.setattr("edge_vision.cuda.base._BACKENDS", {"cuda-python": ("mock", "Mock")})
+    monkeypatch.setattr(
+        "edge_vision.engines.cuda.open_runtime", lambda *a, **k: MockCudaRuntime(state)
+    )
+    monkeypatch.setattr(
+        "edge_vision.engines.cuda.base._BACKENDS", {"cuda-python": ("mock", "Mock")}
+    )
     return state
 
 
@@ -254,8 +258,8 @@ def test_doctor_reads_a_gpu_engine_s_byte_map_as_probabilities_made_on_the_cpu()
     torch = pytest.importorskip(
         "torch", reason="torch is not installed here; the byte map is made by a torch function"
     )
-    from edge_vision.doctor import compare_with_reference
-    from edge_vision.post import db_map_bytes
+    from edge_vision.model.heads import db_map_bytes
+    from edge_vision.tools.doctor import compare_with_reference
 
     rng = np.random.default_rng(3)
     prob = np.clip(rng.normal(0.1, 0.3, (1, 1, 64, 96)), 0, 1).astype(np.float32)
@@ -284,7 +288,7 @@ def test_doctor_judges_a_gpu_engine_s_yolo_nms_by_its_detections() -> None:
     1,024 anchors come back as boxes, not ONNX Runtime's 8,400 raw anchors: no
     element-wise error can be taken, so the doctor says so and passes or fails on the
     detections alone."""
-    from edge_vision.doctor import compare_with_reference
+    from edge_vision.tools.doctor import compare_with_reference
 
     dets = np.array([[10, 20, 110, 220, 0.9, 3], [300, 40, 380, 90, 0.8, 0]], np.float32)
     ref = {"raw": np.zeros((1, 84, 8400), np.float32), "detections": dets}
@@ -304,7 +308,7 @@ def test_doctor_says_whether_the_torch_engine_s_graph_was_compiled() -> None:
     """engine.torch.compile: doctor's torch line says how many warm-up shapes inductor
     compiled on this board, and fails when none did (the engine then runs its interpreter:
     on a Jetson, a torch without Triton for the board)."""
-    from edge_vision.doctor import compare_with_reference
+    from edge_vision.tools.doctor import compare_with_reference
 
     dets = np.array([[10, 20, 110, 220, 0.9, 0]], np.float32)
     prob = np.full((1, 1, 8, 8), 0.5, np.float32)

@@ -1,5 +1,5 @@
 """Limits decided once: the max batch comes from the model's input and the config
-(:func:`edge_vision.models.decide_max_batch`), an engine may only narrow it, and what
+(:func:`edge_vision.model.spec.decide_max_batch`), an engine may only narrow it, and what
 ``hello`` and ``/metrics`` announce is the engine's value."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from edge_vision.engines import create_engine
-from edge_vision.models import ModelSpec, decide_max_batch
+from edge_vision.model.spec import ModelSpec, decide_max_batch
 
 from .support.clients import connect
 from .support.server import make_config, running_server

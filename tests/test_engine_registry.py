@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from edge_vision.cli import main
+from edge_vision.common.metrics import Metrics
 from edge_vision.config import engine_kinds, engine_sections, load_config
 from edge_vision.engines import Engine, create_engine, engine_class
 from edge_vision.errors import ConfigError, EngineError
-from edge_vision.metrics import Metrics
-from edge_vision.models import ModelSpec
+from edge_vision.model.spec import ModelSpec
 
 from .support.imports import loaded_after_import
 from .support.server import make_config
@@ -73,5 +73,5 @@ def test_the_engine_active_series_has_every_kind() -> None:
 
 
 def test_importing_the_service_imports_no_optional_backend() -> None:
-    imports = ["edge_vision.server", "edge_vision.cli", "edge_vision.engines"]
+    imports = ["edge_vision.serve.server", "edge_vision.cli", "edge_vision.engines"]
     assert loaded_after_import(imports, ["torch", "tensorrt", "tritonclient", "grpc"]) == []

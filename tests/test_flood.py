@@ -5,7 +5,7 @@ dropped at that rate, and a polite 2 fps client's p50 went 7.9x up. With
 ``session.max_messages_per_s`` the server stops reading a connection over its budget
 (TCP back-pressure), counts every frame it read and did not answer as dropped, and the
 polite client keeps being answered. The latency ratio is measured by
-``python -m edge_vision.bench.flood`` (docs/benchmarks.md), not asserted here.
+``python -m edge_vision.tools.bench.flood`` (docs/benchmarks.md), not asserted here.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from edge_vision.aio import with_timeout
-from edge_vision.receive import MessageBudget
-from edge_vision.server import CONNECTIONS
+from edge_vision.common.aio import with_timeout
+from edge_vision.serve.server import CONNECTIONS
+from edge_vision.session.receive import MessageBudget
 
 from .support.clients import connect, frame_binary, recv_type
 from .support.images import text_scene

@@ -23,8 +23,8 @@ import aiohttp
 import orjson
 import pytest
 
-from edge_vision.aio import with_timeout
-from edge_vision.receive import check_base64_alphabet
+from edge_vision.common.aio import with_timeout
+from edge_vision.session.receive import check_base64_alphabet
 
 from .support.clients import connect, frame_binary, frame_json, recv
 from .support.images import png_header_only, text_scene

@@ -20,7 +20,7 @@ import pytest
 from edge_vision.cli import main
 from edge_vision.engines import create_engine
 from edge_vision.engines.tensorrt import int8_gate
-from edge_vision.models import ModelSpec
+from edge_vision.model.spec import ModelSpec
 
 from .support.mock_tensorrt import MockState, mock_trt  # noqa: F401 - the fixture
 from .support.server import make_config

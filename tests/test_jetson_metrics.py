@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from edge_vision.jetson_metrics import (
+from edge_vision.common.jetson_metrics import (
     ROOT_ENV,
     TEGRASTATS_LOG_ENV,
     JetsonCollector,
@@ -24,7 +24,7 @@ from edge_vision.jetson_metrics import (
     register_jetson_collector,
     zone_name,
 )
-from edge_vision.models import ModelSpec
+from edge_vision.model.spec import ModelSpec
 
 from .support.scrape import metrics_text
 from .support.server import make_config, running_server

@@ -21,11 +21,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from edge_vision import auth
 from edge_vision.config import ModelConfig
-from edge_vision.limits import ConnectionLimits, LimitsPolicy, client_address, parse_networks
-from edge_vision.models import ModelSpec, load_model_spec
-from edge_vision.server import CONNECTIONS
+from edge_vision.model.spec import ModelSpec, load_model_spec
+from edge_vision.serve import auth
+from edge_vision.serve.limits import ConnectionLimits, LimitsPolicy, client_address, parse_networks
+from edge_vision.serve.server import CONNECTIONS
 
 from .support.cluster import Nginx
 from .support.scrape import metric, metrics_text

@@ -1,4 +1,4 @@
-"""The node-wide memory budget (edge_vision/budget.py), the decoded-bytes cap, pools that
+"""The node-wide memory budget (edge_vision/common/budget.py), the decoded-bytes cap, pools that
 shrink, memory handed back after a burst — against a real server process whose resident
 memory is read from /proc/<pid>/status."""
 
@@ -14,11 +14,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from edge_vision.bench import soak
-from edge_vision.budget import FrameLedger, MemoryBudget, frame_cost
-from edge_vision.decode import BufferPool, check_decoded_limit, read_image_header
+from edge_vision.common.budget import FrameLedger, MemoryBudget, frame_cost
+from edge_vision.common.memory import freeze_startup_heap, release_to_system
 from edge_vision.errors import ClientError
-from edge_vision.memory import freeze_startup_heap, release_to_system
+from edge_vision.frames.decode import BufferPool, check_decoded_limit, read_image_header
+from edge_vision.tools.bench import soak
 
 from .support.clients import connect, frame_binary, recv
 from .support.images import jpeg, text_scene

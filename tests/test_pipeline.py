@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from edge_vision.decode import BufferPool, DecodedFrame, Decoder, ImageHeader
-from edge_vision.infer import SUPERSEDED, InferenceService
-from edge_vision.models import ModelSpec
-from edge_vision.pipeline import FramePipeline, FrameResult, FrameSettings
-from edge_vision.receive import FrameMessage
+from edge_vision.frames.decode import BufferPool, DecodedFrame, Decoder, ImageHeader
+from edge_vision.frames.infer import SUPERSEDED, InferenceService
+from edge_vision.frames.pipeline import FramePipeline, FrameResult, FrameSettings
+from edge_vision.model.spec import ModelSpec
+from edge_vision.session.receive import FrameMessage
 
 from .support.images import text_scene
 from .support.server import make_config
@@ -121,7 +121,7 @@ async def test_a_gpu_decoder_that_cannot_start_leaves_host_decode_serving_mocked
             return None
 
     try:
-        with caplog.at_level("ERROR", logger="edge_vision.pipeline"):
+        with caplog.at_level("ERROR", logger="edge_vision.frames.pipeline"):
             pipeline._engine_changed(_TakesDeviceFrames())  # type: ignore[arg-type]
         assert pipeline.decoding.device is None
         assert "decode.device cuda unavailable, decoding on the host" in caplog.text

@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 import yaml
 
-from edge_vision.bench.servers import stop_process
-from edge_vision.jetson_metrics import ROOT_ENV
+from edge_vision.common.jetson_metrics import ROOT_ENV
+from edge_vision.tools.bench.servers import stop_process
 
 from .support.clients import connect, frame_binary, frame_json, recv
 from .support.cluster import LIGHT_NODE

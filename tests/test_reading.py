@@ -1,4 +1,4 @@
-"""Reading the text in the boxes (edge_vision.read) with the real recogniser.
+"""Reading the text in the boxes (edge_vision.frames.read) with the real recogniser.
 
 * generated labels with known strings (serials, lot codes, mixed case, digits) read
   through the real server with ``read: true``;
@@ -28,12 +28,9 @@ import numpy as np
 import orjson
 import pytest
 
-from edge_vision.agreement import match_detections, pairwise_iou
-from edge_vision.bench.sizes import TEXT_PHOTOS, our_input, photo_frame
+from edge_vision.common.agreement import match_detections, pairwise_iou
 from edge_vision.errors import ModelError
-from edge_vision.models import ModelSpec
-from edge_vision.post import DbnetHead
-from edge_vision.read import (
+from edge_vision.frames.read import (
     OnnxRuntimeRecogniser,
     Recogniser,
     TextReader,
@@ -41,7 +38,10 @@ from edge_vision.read import (
     default_recogniser_path,
     recogniser_batches,
 )
-from edge_vision.server import CONNECTIONS, PIPELINE
+from edge_vision.model.heads import DbnetHead
+from edge_vision.model.spec import ModelSpec
+from edge_vision.serve.server import CONNECTIONS, PIPELINE
+from edge_vision.tools.bench.sizes import TEXT_PHOTOS, our_input, photo_frame
 
 from .support.assertions import iou
 from .support.clients import connect, frame_binary, recv_type
@@ -350,7 +350,7 @@ def test_end_to_end_strings_against_the_reference_on_real_photos(
     spec: ModelSpec, reader: TextReader, reference_read: list[tuple[np.ndarray, Any]]
 ) -> None:
     """Our boxes and our reading against the reference's boxes and strings, matched by
-    IoU >= 0.5 (edge_vision.agreement), both detectors at the same input (ours at 1280
+    IoU >= 0.5 (edge_vision.common.agreement), both detectors at the same input (ours at 1280
     with the default fit, a stretch: 1280x704 for 16:9; REFERENCE_PARAMS).
 
     Measured 28/28 on 2026-12-01 (the issue asks 90 %). Two causes of the earlier 25/28,
@@ -421,7 +421,7 @@ MEASURE_ARGS += ["--compare", "--threads", "2"]
 
 def test_the_measurement_command_runs_and_compares_torch_with_onnx_runtime() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "edge_vision.read", *MEASURE_ARGS],
+        [sys.executable, "-m", "edge_vision.frames.read", *MEASURE_ARGS],
         capture_output=True,
         text=True,
         timeout=T(180),
@@ -447,7 +447,7 @@ def test_cv2_is_the_one_resampler() -> None:
 
 
 def test_replay_with_read_writes_the_text_to_the_jsonl_and_the_video(tmp_path: Path) -> None:
-    from edge_vision import replay
+    from edge_vision.tools import replay
 
     from .support.video import read_video, write_text_clip
 
@@ -469,7 +469,7 @@ def test_replay_with_read_writes_the_text_to_the_jsonl_and_the_video(tmp_path: P
 
 
 def test_the_annotated_frame_labels_a_box_with_its_text() -> None:
-    from edge_vision.annotate import draw_detections
+    from edge_vision.tools.annotate import draw_detections
 
     det = {"box": [40, 60, 300, 100], "score": 0.9, "class": 0, "label": "text"}
     plain = np.zeros((200, 400, 3), np.uint8)

@@ -24,11 +24,12 @@ import orjson
 import pytest
 from aiohttp import web
 
-from edge_vision import cli, replay
+from edge_vision import cli
+from edge_vision.common.sources import Cut, FrameCutter, expected_frames
 from edge_vision.config import ModelConfig
-from edge_vision.models import load_model_spec
-from edge_vision.replay import InOrder, websocket_url
-from edge_vision.sources import Cut, FrameCutter, expected_frames
+from edge_vision.model.spec import load_model_spec
+from edge_vision.tools import replay
+from edge_vision.tools.replay import InOrder, websocket_url
 
 from .support.assertions import iou
 from .support.cluster import Nginx
@@ -65,7 +66,7 @@ class Run:
 
 
 def run_replay(tmp: Path, *args: str, name: str = "run", out: bool = False) -> Run:
-    """``python -m edge_vision.replay ARGS`` in this process; outputs read back."""
+    """``python -m edge_vision.tools.replay ARGS`` in this process; outputs read back."""
     jsonl, summary = tmp / f"{name}.jsonl", tmp / f"{name}.summary.json"
     video = tmp / f"{name}.mp4" if out else None
     argv = [*args, "--jsonl", str(jsonl), "--summary-json", str(summary), "--no-progress"]
@@ -358,7 +359,7 @@ def test_ctrl_c_leaves_a_valid_video_jsonl_and_summary(tmp_path: Path) -> None:
     clip = write_text_clip(tmp_path / "long.mp4", 320, 180, frames=300, fps=30.0)
     jsonl, video, summary = tmp_path / "i.jsonl", tmp_path / "i.mp4", tmp_path / "i.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edge_vision.replay", str(clip.path), "--every-frame",
+        [sys.executable, "-m", "edge_vision.tools.replay", str(clip.path), "--every-frame",
          "--in-flight", "1", "--out", str(video), "--jsonl", str(jsonl),
          "--summary-json", str(summary)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -474,7 +475,7 @@ async def test_a_token_is_sent_and_a_refusal_is_reported(
 
     def refused(*args: str) -> tuple[int, str]:
         proc = subprocess.run(
-            [sys.executable, "-m", "edge_vision.replay", str(clip.path), "--url",
+            [sys.executable, "-m", "edge_vision.tools.replay", str(clip.path), "--url",
              token_proxy.ws_url, *args],
             capture_output=True, text=True, timeout=T(60),
         )  # fmt: skip

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from edge_vision import errors
-from edge_vision.bench.servers import stop_process
+from edge_vision.tools.bench.servers import stop_process
 
 from .support.clients import camera_client
 from .support.cluster import LIGHT_NODE, REPO

@@ -9,8 +9,8 @@ import orjson
 import pytest
 import websockets
 
-from edge_vision.aio import with_timeout
-from edge_vision.receive import PROTOCOL_VERSION
+from edge_vision.common.aio import with_timeout
+from edge_vision.session.receive import PROTOCOL_VERSION
 
 from .support.assertions import (
     assert_box_overlaps,

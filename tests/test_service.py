@@ -17,9 +17,9 @@ import aiohttp
 import orjson
 import pytest
 
-from edge_vision.aio import with_timeout
-from edge_vision.models import ModelSpec
-from edge_vision.server import STARTUP
+from edge_vision.common.aio import with_timeout
+from edge_vision.model.spec import ModelSpec
+from edge_vision.serve.server import STARTUP
 
 from .support.clients import connect, frame_binary, recv, recv_type
 from .support.images import text_scene
@@ -36,7 +36,7 @@ async def test_health_and_readiness_before_and_after_warm_up(spec: ModelSpec) ->
     cfg = make_config({"engine": {"warmup_shapes": shapes}, "model": {"input_size": 1280}})
     from aiohttp import web
 
-    from edge_vision.server import create_app
+    from edge_vision.serve.server import create_app
 
     app = await asyncio.to_thread(create_app, cfg, spec)
     runner = web.AppRunner(app, handle_signals=False)

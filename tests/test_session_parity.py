@@ -20,10 +20,10 @@ import numpy as np
 import orjson
 import pytest
 
-from edge_vision import replay
+from edge_vision.common.sources import Cut
 from edge_vision.engines.onnxruntime import OnnxRuntimeEngine
-from edge_vision.replay import ReplayOptions
-from edge_vision.sources import Cut
+from edge_vision.tools import replay
+from edge_vision.tools.replay import ReplayOptions
 
 from .support.server import make_config, running_server
 from .support.timing import T

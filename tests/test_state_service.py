@@ -30,8 +30,8 @@ import orjson
 import pytest
 
 from edge_vision.config import ModelConfig, StateConfig
-from edge_vision.models import ModelSpec, load_model_spec
-from edge_vision.session import new_session
+from edge_vision.model.spec import ModelSpec, load_model_spec
+from edge_vision.session.record import new_session
 from edge_vision.state import StateKeeper, create_store
 from edge_vision.state import keeper as keeper_module
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from edge_vision.workers import NodeMonitor, NodeNotifier, WorkerBeat, stale_after_s
+from edge_vision.serve.workers import NodeMonitor, NodeNotifier, WorkerBeat, stale_after_s
 
 from .support.server import ServerProcess, free_port
 from .support.timing import T

@@ -25,9 +25,9 @@ import pytest
 from edge_vision.cli import main
 from edge_vision.engines import create_engine
 from edge_vision.errors import EngineError
-from edge_vision.infer import InferenceService
-from edge_vision.models import ModelSpec
-from edge_vision.shape import letterbox_into, plan_for_frame
+from edge_vision.frames.infer import InferenceService
+from edge_vision.model.shape import letterbox_into, plan_for_frame
+from edge_vision.model.spec import ModelSpec
 
 from .support import mock_tensorrt
 from .support.mock_tensorrt import (

@@ -25,8 +25,7 @@ import pytest
 from edge_vision.cli import main
 from edge_vision.config import Config
 from edge_vision.engines.tensorrt import recogniser as trt_recogniser
-from edge_vision.models import ModelSpec
-from edge_vision.read import (
+from edge_vision.frames.read import (
     OnnxRuntimeRecogniser,
     ReadStage,
     TextReader,
@@ -35,6 +34,7 @@ from edge_vision.read import (
     load_recogniser,
     recogniser_batches,
 )
+from edge_vision.model.spec import ModelSpec
 
 from .support import mock_tensorrt
 from .support.mock_tensorrt import (
@@ -211,8 +211,8 @@ def test_mock_tensorrt_absent_the_recogniser_falls_back_to_onnx_runtime_with_a_l
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt raises ImportError
-    with caplog.at_level(logging.WARNING, logger="edge_vision.read"):
+    with caplog.at_level(logging.WARNING, logger="edge_vision.frames.read"):
         rec = load_recogniser(None, "tensorrt", threads=1, config=reading_config(tmp_path))
     assert isinstance(rec, OnnxRuntimeRecogniser)
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "edge_vision.read"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "edge_vision.frames.read"]
     assert "runs on ONNX Runtime on the CPU" in line and "TensorRT's Python bindings" in line

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_vision.decode_batch import DeviceFrame
 from edge_vision.engines import create_engine
-from edge_vision.infer import InferenceService
-from edge_vision.models import ModelSpec
-from edge_vision.pipeline import FramePipeline, FrameSettings
-from edge_vision.receive import FrameMessage
+from edge_vision.frames.decode_batch import DeviceFrame
+from edge_vision.frames.infer import InferenceService
+from edge_vision.frames.pipeline import FramePipeline, FrameSettings
+from edge_vision.model.spec import ModelSpec
+from edge_vision.session.receive import FrameMessage
 
 from .support import mock_tensorrt
 from .support.images import text_scene
@@ -170,7 +170,7 @@ async def test_mock_tensorrt_dla_plan_loads_on_its_core_and_pads_batches(
     cfg = trt_config(tmp_path, dla_core=0)
     cfg.model.min_side = cfg.model.max_side = 640
     cfg.engine.max_batch = 2  # a DLA profile is static: every batch runs as 2
-    from edge_vision.models import load_model_spec
+    from edge_vision.model.spec import load_model_spec
 
     dla_spec = await _to_thread(load_model_spec, cfg.model)
     engine = create_engine("tensorrt", dla_spec, cfg)

@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from edge_vision.bench.servers import stop_process
+from edge_vision.tools.bench.servers import stop_process
 
 from .support.clients import connect, frame_binary, recv_type
 from .support.cluster import LIGHT_NODE, NGINX_DIR, REPO, nginx_binary

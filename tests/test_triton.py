@@ -21,9 +21,9 @@ from edge_vision.config import Config
 from edge_vision.engines.onnxruntime import OnnxRuntimeEngine
 from edge_vision.engines.triton import TritonEngine
 from edge_vision.errors import EngineMismatch, EngineUnavailable
-from edge_vision.infer import InferenceService
-from edge_vision.models import ModelSpec
-from edge_vision.shape import letterbox_into, plan_for_frame
+from edge_vision.frames.infer import InferenceService
+from edge_vision.model.shape import letterbox_into, plan_for_frame
+from edge_vision.model.spec import ModelSpec
 
 from .support.assertions import assert_box_overlaps, assert_same_boxes
 from .support.clients import connect, frame_binary, recv

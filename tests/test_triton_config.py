@@ -18,6 +18,7 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from edge_vision.common.metrics import Metrics
 from edge_vision.config import load_config
 from edge_vision.engines.triton import (
     ModelIO,
@@ -29,8 +30,7 @@ from edge_vision.engines.triton import (
     onnx_model_io,
     statistics_totals,
 )
-from edge_vision.metrics import Metrics
-from edge_vision.models import ModelSpec
+from edge_vision.model.spec import ModelSpec
 
 from .support import kustomize
 

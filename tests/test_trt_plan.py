@@ -24,8 +24,7 @@ import pytest
 
 from edge_vision.engines import tensorrt as plan
 from edge_vision.errors import ConfigError, EngineError, ModelError
-from edge_vision.models import ModelSpec
-from edge_vision.shape import (
+from edge_vision.model.shape import (
     InputLimits,
     Normalisation,
     choose_input_shape,
@@ -35,6 +34,7 @@ from edge_vision.shape import (
     plan_letterbox,
     side_range,
 )
+from edge_vision.model.spec import ModelSpec
 
 from .support.video import read_video, write_image_folder, write_text_clip
 
@@ -464,7 +464,7 @@ def test_the_recogniser_profile_is_nchw_at_height_48_from_the_nominal_width() ->
 
 
 def test_the_recogniser_graph_with_its_arg_max_gives_what_onnx_runtime_s_recogniser_does() -> None:
-    from edge_vision.read import (
+    from edge_vision.frames.read import (
         OnnxRuntimeRecogniser,
         _sample_crops,
         default_recogniser_path,

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from edge_vision.errors import UnsupportedProtocol
-from edge_vision.receive import PROTOCOL_VERSION, SUPPORTED_VERSIONS
-from edge_vision.versions import BASE_FEATURES, CURRENT, PROTOCOLS, choose_protocol
+from edge_vision.session.receive import PROTOCOL_VERSION, SUPPORTED_VERSIONS
+from edge_vision.session.versions import BASE_FEATURES, CURRENT, PROTOCOLS, choose_protocol
 
 from .support.assertions import assert_box_overlaps
 from .support.clients import connect, frame_binary, frame_json, recv_type

@@ -5,7 +5,7 @@ without torch, TensorRT, CUDA or tritonclient, and a missing library is one clea
 
 Adding an engine: a module (or package) ``edge_vision/engines/<kind>.py`` with an
 :class:`~.base.Engine` subclass whose ``kind`` is ``<kind>`` and, if it has metrics of
-its own, a class of them made through :meth:`~edge_vision.metrics.Metrics.extension` (as
+its own, a class of them made through :meth:`~edge_vision.common.metrics.Metrics.extension` (as
 :mod:`.triton` does); and its section ``<kind>: <Kind>Config`` in
 :class:`~edge_vision.config.EngineConfig`, an :class:`~edge_vision.config.EngineSection`
 with its ``install`` hint. The kinds ``engine.kind`` accepts, the lookup, the CLI help and

@@ -18,11 +18,11 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from ..common.metrics import Metrics
 from ..config import Config, engine_sections
-from ..decode import Allocator
 from ..errors import EngineError
-from ..metrics import Metrics
-from ..models import ModelSpec, decide_max_batch
+from ..frames.decode import Allocator
+from ..model.spec import ModelSpec, decide_max_batch
 
 U8Array = npt.NDArray[np.uint8]
 S = TypeVar("S")
@@ -40,7 +40,7 @@ class Engine(ABC):
 
     @property
     def max_batch(self) -> int:
-        """Largest batch :meth:`infer` takes: :func:`~edge_vision.models.decide_max_batch`'s
+        """Largest batch :meth:`infer` takes: :func:`~edge_vision.model.spec.decide_max_batch`'s
         value, or less once the engine has narrowed it (:meth:`narrow_max_batch`)."""
         return self._max_batch
 
@@ -69,7 +69,7 @@ class Engine(ABC):
     @property
     def accepts_device_frames(self) -> bool:
         """True when :meth:`infer` also takes frames already on the GPU
-        (:class:`~edge_vision.decode_batch.DeviceFrame` canvases of the device decoder)."""
+        (:class:`~edge_vision.frames.decode_batch.DeviceFrame` canvases of the device decoder)."""
         return False
 
     @abstractmethod

@@ -2,12 +2,12 @@
 infer/wait/error block and teardown. Each backend keeps only its own part.
 
 A CUDA engine owns ``engine.in_flight`` *slots*; each slot holds a CUDA stream and an
-event (from the CUDA layer, :mod:`edge_vision.cuda`) plus the backend's buffers. A batch
+event (from the CUDA layer, :mod:`edge_vision.engines.cuda`) plus the backend's buffers. A batch
 takes a free slot for its whole trip::
 
     letterboxed uint8 frames in pinned memory (the decode pool's allocator is the CUDA
     layer's pinned allocator while the engine is active), or already on the device
-    (canvases of the GPU decoder, :mod:`edge_vision.decode_gpu`)
+    (canvases of the GPU decoder, :mod:`edge_vision.frames.decode_gpu`)
     --H2D (or D2D) per frame (slot stream)--> the backend's run (graph replay,
     execute_async_v3)
     --D2H (slot stream)--> pinned outputs --event--> outputs copied out of the slot's
@@ -37,14 +37,14 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
+from ..common.threads import role_pool
 from ..config import Config
-from ..cuda import CudaEvent, CudaRuntime, CudaStream, open_runtime, use_blocking_sync
-from ..decode import Allocator
-from ..decode_batch import DeviceFrame, wait_ready
 from ..errors import EngineError
-from ..models import ModelSpec
-from ..threads import role_pool
+from ..frames.decode import Allocator
+from ..frames.decode_batch import DeviceFrame, wait_ready
+from ..model.spec import ModelSpec
 from .base import Engine, SlotPool, U8Array
+from .cuda import CudaEvent, CudaRuntime, CudaStream, open_runtime, use_blocking_sync
 
 
 @dataclass
@@ -137,14 +137,14 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
     ) -> None:
         """Copy each frame to consecutive rows at device address ``base``, one copy per
         frame: H2D from the decode pool's pinned buffers, or D2D from the GPU decoder's
-        :class:`~edge_vision.decode_batch.DeviceFrame` canvases. With ``into``, a torch
+        :class:`~edge_vision.frames.decode_batch.DeviceFrame` canvases. With ``into``, a torch
         tensor over those rows (the caller has made the slot's stream torch's current
         one), a batch of device canvases goes in with one stacking kernel instead: one
         call, not one a frame, on a busy worker's GIL.
 
         A device canvas may still be being decoded on the decoder's stream: the slot's
         stream first waits, on the GPU, for each canvas's ``ready`` event
-        (:func:`~edge_vision.decode_batch.wait_ready`); no thread waits. The slot keeps a
+        (:func:`~edge_vision.frames.decode_batch.wait_ready`); no thread waits. The slot keeps a
         reference to each canvas until the batch's event has completed
         (:meth:`_run_batch`): torch's caching allocator cannot hand its memory to another
         decode while the copy queued here has yet to run, even when the frame's caller

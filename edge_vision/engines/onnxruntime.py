@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..common.threads import role_pool
 from ..config import Config
 from ..errors import EngineError
-from ..models import ModelSpec
-from ..shape import normalise_into
-from ..threads import role_pool
+from ..model.shape import normalise_into
+from ..model.spec import ModelSpec
 from .base import Engine, U8Array
 
 F32Array = npt.NDArray[np.float32]

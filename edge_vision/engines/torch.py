@@ -35,11 +35,11 @@ from typing import Any
 import numpy as np
 
 from ..config import Config
-from ..cuda import PinnedBuffer
 from ..errors import EngineError
-from ..models import ModelSpec
-from ..post import db_map_bytes, is_db_map, is_yolo_v8_raw, yolo_v8_device_nms
+from ..model.heads import db_map_bytes, is_db_map, is_yolo_v8_raw, yolo_v8_device_nms
+from ..model.spec import ModelSpec
 from .base import U8Array
+from .cuda import PinnedBuffer
 from .gpu_base import GpuEngine, GpuSlot
 from .torch_compile import CompiledForward, release_compile_workers, use_cache_dir
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import systemd
+from ..common import systemd
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ Start-up reads Triton's model metadata and config and compares them with the ONN
 this node pre- and post-processes for (:func:`check_model_io`): names, dtypes, dims and
 max batch. A difference raises :class:`~edge_vision.errors.EngineMismatch`, which stops
 start-up; an unreachable Triton raises :class:`~edge_vision.errors.EngineUnavailable`, which
-:class:`~edge_vision.supervisor.EngineSupervisor` answers by degrading to the local engine
+:class:`~edge_vision.frames.supervisor.EngineSupervisor` answers by degrading to the local engine
 when one is configured. At run time a failed request raises the same two errors (timeouts and
 ``UNAVAILABLE`` as EngineUnavailable); the gRPC channel reconnects by itself, at most
 ``engine.triton.reconnect_backoff_s`` apart.
@@ -38,13 +38,13 @@ import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from ..aio import cancel_and_wait
+from ..common.aio import cancel_and_wait
+from ..common.metrics import LATENCY_BUCKETS, Metrics
+from ..common.threads import role_pool
 from ..config import Config
 from ..errors import ConfigError, EngineError, EngineMismatch, EngineUnavailable
-from ..metrics import LATENCY_BUCKETS, Metrics
-from ..models import ModelSpec
-from ..shape import InputLimits, normalise_into
-from ..threads import role_pool
+from ..model.shape import InputLimits, normalise_into
+from ..model.spec import ModelSpec
 from .base import Engine, U8Array
 
 log = logging.getLogger(__name__)

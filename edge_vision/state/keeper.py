@@ -31,11 +31,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..aio import cancel_and_wait, wait_event, with_timeout
+from ..common.aio import cancel_and_wait, wait_event, with_timeout
+from ..common.metrics import Metrics
 from ..config import StateConfig
 from ..errors import StateUnavailable
-from ..metrics import Metrics
-from ..session import Session, split_resume_token, token_matches
+from ..session.record import Session, split_resume_token, token_matches
 from .base import Record, SessionWrite, StateStore, WriteKind
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from edge_vision import auth
+from edge_vision.serve import auth
 
 from ..support.browser import SERVER_DOWN_NOISE, LoggedServerProcess, PageOpener, wait_for_hud
 

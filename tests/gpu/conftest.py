@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from edge_vision.cuda import cuda_available
+from edge_vision.engines.cuda import cuda_available
 
 BACKENDS = ["cuda-python", "pycuda"]
 _HAVE_CUDA = cuda_available()

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from edge_vision.cuda import CudaError, open_runtime
+from edge_vision.engines.cuda import CudaError, open_runtime
 
 
 def test_pinned_buffer_is_a_numpy_view_without_copies(backend: str) -> None:

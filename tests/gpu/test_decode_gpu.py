@@ -15,14 +15,14 @@ import pytest
 import simplejpeg
 
 from edge_vision.config import Config
-from edge_vision.decode_batch import DecodeRequest, Prepared
-from edge_vision.decode_gpu import CudaBatchDecoder
 from edge_vision.errors import ClientError
-from edge_vision.infer import InferenceService
-from edge_vision.models import ModelSpec
-from edge_vision.pipeline import FramePipeline, FrameSettings
-from edge_vision.receive import FrameMessage
-from edge_vision.shape import letterbox_into
+from edge_vision.frames.decode_batch import DecodeRequest, Prepared
+from edge_vision.frames.decode_gpu import CudaBatchDecoder
+from edge_vision.frames.infer import InferenceService
+from edge_vision.frames.pipeline import FramePipeline, FrameSettings
+from edge_vision.model.shape import letterbox_into
+from edge_vision.model.spec import ModelSpec
+from edge_vision.session.receive import FrameMessage
 
 from ..support.assertions import iou
 from ..support.images import text_scene

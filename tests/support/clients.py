@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 
 from edge_vision.client import EdgeVisionClient
-from edge_vision.receive import encode_binary_frame, encode_json_frame
+from edge_vision.session.receive import encode_binary_frame, encode_json_frame
 
 from .timing import T
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from edge_vision.bench.servers import stop_process
+from edge_vision.tools.bench.servers import stop_process
 
 from .server import LoopbackUrls, ServerProcess, free_port
 from .timing import T

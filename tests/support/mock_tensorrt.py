@@ -29,12 +29,18 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from edge_vision.cuda.base import CudaEvent, CudaRuntime, CudaStream, DeviceBuffer, PinnedBuffer
 from edge_vision.engines import create_engine, gpu_base
+from edge_vision.engines.cuda.base import (
+    CudaEvent,
+    CudaRuntime,
+    CudaStream,
+    DeviceBuffer,
+    PinnedBuffer,
+)
 from edge_vision.engines.tensorrt import build as trt_build
 from edge_vision.engines.tensorrt import library as trt_library
 from edge_vision.engines.tensorrt import recogniser as trt_recogniser
-from edge_vision.models import ModelSpec
+from edge_vision.model.spec import ModelSpec
 
 from .server import make_config
 
@@ -571,7 +577,7 @@ def trt_config(engine_dir: Path, **tensorrt: Any) -> Any:
 
 def ort_reference(spec: ModelSpec, frames: list[np.ndarray]) -> np.ndarray:
     """The original model on ONNX Runtime with the CPU normalisation: what serving gives."""
-    from edge_vision.shape import normalise_into
+    from edge_vision.model.shape import normalise_into
 
     x = np.empty((len(frames), 3, *frames[0].shape[:2]), np.float32)
     normalise_into(x, frames, spec.normalisation)

@@ -10,9 +10,9 @@ import functools
 import numpy as np
 import onnxruntime as ort
 
-from edge_vision.bench.sizes import reference_detections
 from edge_vision.config import ModelConfig
-from edge_vision.models import load_model_spec
+from edge_vision.model.spec import load_model_spec
+from edge_vision.tools.bench.sizes import reference_detections
 
 from .images import Box
 

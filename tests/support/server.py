@@ -16,12 +16,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from edge_vision.aio import with_timeout
-from edge_vision.bench.servers import free_port as free_port  # the support modules' too
-from edge_vision.bench.servers import serve_argv, stop_process
+from edge_vision.common.aio import with_timeout
 from edge_vision.config import Config, load_config
-from edge_vision.models import ModelSpec
-from edge_vision.server import STARTUP, create_app
+from edge_vision.model.spec import ModelSpec
+from edge_vision.serve.server import STARTUP, create_app
+from edge_vision.tools.bench.servers import free_port as free_port  # the support modules' too
+from edge_vision.tools.bench.servers import serve_argv, stop_process
 
 from .timing import T
 

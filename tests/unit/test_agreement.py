@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_vision.agreement import Agreement, match_detections, pairwise_iou
+from edge_vision.common.agreement import Agreement, match_detections, pairwise_iou
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from edge_vision.aio import cancel_and_wait, wait_event, with_timeout, within
+from edge_vision.common.aio import cancel_and_wait, wait_event, with_timeout, within
 
 
 @pytest.mark.parametrize("helper", [with_timeout, within])

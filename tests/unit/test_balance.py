@@ -1,8 +1,8 @@
-"""The node's connection balancer's decision (edge_vision.balance.pick_worker): no I/O."""
+"""The node's connection balancer's decision (edge_vision.serve.balance.pick_worker): no I/O."""
 
 from __future__ import annotations
 
-from edge_vision.balance import pick_worker
+from edge_vision.serve.balance import pick_worker
 
 
 def test_the_worker_with_the_fewest_clients_gets_the_connection() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from edge_vision.batch import Batcher, BatchPlanner, ReadyBatch
+from edge_vision.frames.batch import Batcher, BatchPlanner, ReadyBatch
 
 A, B = (384, 640), (480, 640)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edge_vision.errors import ModelError
-from edge_vision.read import (
+from edge_vision.frames.read import (
     CtcDecoder,
     ReadText,
     SessionReading,

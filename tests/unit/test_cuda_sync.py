@@ -1,4 +1,4 @@
-"""engine.cuda_sync blocking (edge_vision/cuda/base.py): the device's primary context is
+"""engine.cuda_sync blocking (edge_vision/engines/cuda/base.py): the device's primary context is
 told to put waiting threads to sleep, through cuda-python's driver API. A mock driver
 stands in for cuda-python, which needs a GPU; without it the reason comes back."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from edge_vision.cuda import use_blocking_sync
-from edge_vision.cuda.base import CU_CTX_SCHED_BLOCKING_SYNC
+from edge_vision.engines.cuda import use_blocking_sync
+from edge_vision.engines.cuda.base import CU_CTX_SCHED_BLOCKING_SYNC
 
 
 def _mock_driver(monkeypatch: pytest.MonkeyPatch, set_flags_error: int = 0) -> list[Any]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_vision.decode import (
+from edge_vision.errors import ClientError
+from edge_vision.frames.decode import (
     BufferPool,
     DecodedFrame,
     Decoder,
@@ -17,7 +18,6 @@ from edge_vision.decode import (
     pick_decoder,
     read_image_header,
 )
-from edge_vision.errors import ClientError
 
 from ..support.images import blank_scene, jpeg, png, png_header_only
 

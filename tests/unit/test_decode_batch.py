@@ -25,7 +25,9 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from edge_vision.decode_batch import (
+from edge_vision.common.metrics import Metrics
+from edge_vision.errors import ClientError
+from edge_vision.frames.decode_batch import (
     BatchDecoder,
     DecodeBatcher,
     DecodeRequest,
@@ -35,14 +37,12 @@ from edge_vision.decode_batch import (
     jpeg_kind,
     wait_ready,
 )
-from edge_vision.decode_gpu import CudaBatchDecoder
-from edge_vision.errors import ClientError
-from edge_vision.infer import InferenceService
-from edge_vision.metrics import Metrics
-from edge_vision.models import ModelSpec
-from edge_vision.pipeline import FramePipeline
-from edge_vision.receive import FrameMessage
-from edge_vision.shape import letterbox_into
+from edge_vision.frames.decode_gpu import CudaBatchDecoder
+from edge_vision.frames.infer import InferenceService
+from edge_vision.frames.pipeline import FramePipeline
+from edge_vision.model.shape import letterbox_into
+from edge_vision.model.spec import ModelSpec
+from edge_vision.session.receive import FrameMessage
 
 from ..support.images import blank_scene, text_scene
 from ..support.server import make_config
@@ -499,7 +499,7 @@ async def test_service_end_to_end_through_the_host_batch_decoder(spec: ModelSpec
     service = InferenceService(spec, cfg)
     await service.start()
     pipeline = FramePipeline(cfg, service)
-    from edge_vision.pipeline import FrameSettings
+    from edge_vision.frames.pipeline import FrameSettings
 
     try:
         assert pipeline.decoding.device is None  # ONNX Runtime reads host memory only
@@ -681,7 +681,7 @@ def test_mock_opencv_runs_one_thread_while_a_cuda_engine_serves(
                 device="cuda:0", library="nvimgcodec", set_staging_allocator=lambda _a: None
             )
             monkeypatch.setattr(
-                "edge_vision.pipeline.make_device_decoder",
+                "edge_vision.frames.pipeline.make_device_decoder",
                 lambda d, *_a, _dev=device, **_k: _dev if d == "cuda" else None,
             )
             pipeline._engine_changed(_MockCudaEngine())  # type: ignore[arg-type]
@@ -697,11 +697,11 @@ def test_mock_opencv_runs_one_thread_while_a_cuda_engine_serves(
 def test_device_decode_bench_times_the_letterbox_a_frame_on_torch_s_cpu_device(
     tmp_path: Path,
 ) -> None:
-    """``python -m edge_vision.bench.device_decode`` without a GPU: the letterbox stage at
+    """``python -m edge_vision.tools.bench.device_decode`` without a GPU: the letterbox stage at
     each batch size asked for, per frame, with the driver's and the other threads' CPU; the
     GPU stages (decode, decode_batch) only where there is a GPU to time them on."""
     pytest.importorskip("torch", reason="the device letterbox runs on torch")
-    from edge_vision.bench.device_decode import main
+    from edge_vision.tools.bench.device_decode import main
 
     out = tmp_path / "dd.json"
     main(["--batches", "1", "2", "--seconds", "0.05", "--device", "cpu", "--json", str(out)])

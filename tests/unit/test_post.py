@@ -11,7 +11,7 @@ import pytest
 
 from edge_vision.config import ModelConfig
 from edge_vision.errors import ModelError
-from edge_vision.post import (
+from edge_vision.model.heads import (
     DbnetHead,
     EfficientNmsHead,
     EndToEndHead,
@@ -23,7 +23,7 @@ from edge_vision.post import (
     nms,
     pick_head_name,
 )
-from edge_vision.shape import InputLimits, plan_for_frame, plan_letterbox
+from edge_vision.model.shape import InputLimits, plan_for_frame, plan_letterbox
 
 # A 1280x720 frame letterboxed into 640x384: scale 0.5, 12 px top padding.
 LB = plan_letterbox(1280, 720, 384, 640)
@@ -154,7 +154,7 @@ def test_the_unclip_gives_the_reference_s_clipper_rectangle_on_rotated_boxes() -
         "pyclipper",
         reason="pyclipper (rapidocr's offsetter) is not installed here",
     )
-    from edge_vision.post import _unclip
+    from edge_vision.model.heads import _unclip
 
     rng = np.random.default_rng(7)
     rotated = 0
@@ -180,10 +180,10 @@ def test_the_unclip_gives_the_reference_s_clipper_rectangle_on_rotated_boxes() -
 def test_the_post_bench_decodes_float_and_byte_maps_as_a_git_revision_does(
     tmp_path: Path,
 ) -> None:
-    """``python -m edge_vision.bench.post``: the same detections as post.py at HEAD on
+    """``python -m edge_vision.tools.bench.post``: the same detections as post.py at HEAD on
     maps with lines to find, from the float map and from a GPU engine's byte map."""
     pytest.importorskip("torch", reason="the bench makes byte maps with post.db_map_bytes")
-    from edge_vision.bench.post import main
+    from edge_vision.tools.bench.post import main
 
     out = tmp_path / "post.json"
     args = ["--boxes", "2", "30", "--maps", "3", "--rounds", "1", "--baseline", "HEAD"]

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from edge_vision.errors import ClientError
-from edge_vision.receive import (
+from edge_vision.session.receive import (
     FrameMessage,
     PingMessage,
     SettingsMessage,

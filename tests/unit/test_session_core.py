@@ -11,8 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from edge_vision.session import Session
-from edge_vision.session_core import (
+from edge_vision.session.core import (
     Action,
     Drop,
     Process,
@@ -21,6 +20,7 @@ from edge_vision.session_core import (
     SessionCore,
     Ticket,
 )
+from edge_vision.session.record import Session
 
 Core = SessionCore[str, str]
 T = Ticket[str, str]

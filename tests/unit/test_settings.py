@@ -1,10 +1,10 @@
-"""The session settings' plain types, defined once (edge_vision.settings)."""
+"""The session settings' plain types, defined once (edge_vision.common.settings)."""
 
 from __future__ import annotations
 
 import pytest
 
-from edge_vision.settings import MODES, is_mode
+from edge_vision.common.settings import MODES, is_mode
 
 from ..support.imports import loaded_after_import
 
@@ -19,7 +19,9 @@ def test_the_modes_and_their_check() -> None:
 
 def test_the_settings_types_cost_no_import() -> None:
     watched = ["edge_vision." + m for m in ("config", "receive", "pipeline", "session_core")]
-    assert loaded_after_import(["edge_vision.settings"], [*watched, "numpy", "pydantic"]) == []
+    assert (
+        loaded_after_import(["edge_vision.common.settings"], [*watched, "numpy", "pydantic"]) == []
+    )
 
 
 def test_the_session_and_reply_modules_load_no_frame_path() -> None:
@@ -27,4 +29,7 @@ def test_the_session_and_reply_modules_load_no_frame_path() -> None:
     settings and result types, not the pipeline (cv2, the engines, prometheus)."""
     watched = ["cv2", "prometheus_client", "pydantic"]
     watched += ["edge_vision." + m for m in ("pipeline", "engines", "metrics", "config")]
-    assert loaded_after_import(["edge_vision.session", "edge_vision.reply"], watched) == []
+    assert (
+        loaded_after_import(["edge_vision.session.record", "edge_vision.session.reply"], watched)
+        == []
+    )

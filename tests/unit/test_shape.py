@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_vision.models import PRESETS
-from edge_vision.shape import (
+from edge_vision.model.shape import (
     InputLimits,
     choose_input_shape,
     letterbox_into,
@@ -16,6 +15,7 @@ from edge_vision.shape import (
     plan_letterbox,
     side_range,
 )
+from edge_vision.model.spec import PRESETS
 
 LIM = InputLimits(target=640, stride=32, min_side=32, max_side=1280)  # letterbox (YOLO's)
 # The default text detector's (model.fit: preset → stretch, as PP-OCR's DetPreProcess).
@@ -62,7 +62,7 @@ def test_choose_input_shape_stretch_rounds_to_the_nearest_stride(
 
 def test_the_default_model_stretches_a_16_9_frame_to_fill_640x352() -> None:
     from edge_vision.config import ModelConfig
-    from edge_vision.models import load_model_spec
+    from edge_vision.model.spec import load_model_spec
 
     spec = load_model_spec(ModelConfig())  # model.fit: preset, the PP-OCR detector
     assert spec.limits == STRETCH

@@ -1,4 +1,4 @@
-"""Thread roles in the OS's thread names (edge_vision/threads.py): what top -H and the
+"""Thread roles in the OS's thread names (edge_vision/common/threads.py): what top -H and the
 bench's CPU-by-role table read."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from edge_vision.bench.load import cpu_by_role, thread_cpu_seconds
-from edge_vision.threads import role_of, role_pool
+from edge_vision.common.threads import role_of, role_pool
+from edge_vision.tools.bench.load import cpu_by_role, thread_cpu_seconds
 
 
 def _os_name() -> str:

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_vision.agreement import pairwise_iou
-from edge_vision.track import Tracker, TrackerSettings, overlapping_pairs
+from edge_vision.common.agreement import pairwise_iou
+from edge_vision.frames.track import Tracker, TrackerSettings, overlapping_pairs
 
 from ..support.timing import T
 
@@ -158,7 +158,7 @@ def test_three_hundred_words_keep_their_ids_and_an_update_costs_a_few_ms() -> No
 
 
 def test_the_tracker_bench_times_the_current_and_a_git_revision_s_tracker(tmp_path: Path) -> None:
-    from edge_vision.bench.tracker import main
+    from edge_vision.tools.bench.tracker import main
 
     out = tmp_path / "tracker.json"
     args = ["--boxes", "1", "40", "--frames", "6", "--rounds", "1", "--baseline", "HEAD"]

@@ -11,7 +11,7 @@
 * :mod:`.onnx_adapter`: the uint8 input adapter folded into the graph, parser errors;
 * :mod:`.calibration`: INT8 calibration frames and the TensorRT calibrator;
 * :mod:`.recogniser`: the text recogniser's plan (a second plan, built the same way) and
-  :class:`TensorRTRecogniser`, which :mod:`edge_vision.read` runs it with;
+  :class:`TensorRTRecogniser`, which :mod:`edge_vision.frames.read` runs it with;
 * :mod:`.progress`: build progress as log lines (and systemd start-timeout extensions);
 * :mod:`.library`: the lazy import and the process's one TensorRT logger.
 

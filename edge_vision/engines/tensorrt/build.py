@@ -24,9 +24,9 @@ import numpy as np
 
 from ... import __version__
 from ...config import Config
-from ...cuda import CudaRuntime, open_runtime
 from ...errors import ConfigError, EdgeVisionError, EngineError, ModelError
-from ...models import ModelSpec, decide_max_batch
+from ...model.spec import ModelSpec, decide_max_batch
+from ..cuda import CudaRuntime, open_runtime
 from . import int8_gate
 from .calibration import calibration_batches, calibration_frames, entropy_calibrator
 from .library import SINK, import_tensorrt, trt_logger

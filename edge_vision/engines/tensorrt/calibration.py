@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...cuda import CudaRuntime, CudaStream, DeviceBuffer, PinnedBuffer
 from ...errors import ConfigError
-from ...shape import Fit, letterbox_into, plan_fit
+from ...model.shape import Fit, letterbox_into, plan_fit
+from ..cuda import CudaRuntime, CudaStream, DeviceBuffer, PinnedBuffer
 from .plan_store import write_cache_atomically
 
 log = logging.getLogger(__name__)
@@ -53,8 +53,8 @@ def calibration_frames(
     source: Path, height: int, width: int, pad_value: int, limit: int, *, fit: Fit
 ) -> Iterator[U8Array]:
     """Real frames from an image folder or a video, fitted to ``height × width`` exactly
-    as serving does with the model's ``fit`` (:func:`~edge_vision.shape.plan_fit` +
-    :func:`~edge_vision.shape.letterbox_into`: stretched for the default text detector,
+    as serving does with the model's ``fit`` (:func:`~edge_vision.model.shape.plan_fit` +
+    :func:`~edge_vision.model.shape.letterbox_into`: stretched for the default text detector,
     letterboxed for YOLO). Blocking: run in a worker thread.
 
     The source is opened here, so a missing or unreadable one is a ConfigError before
@@ -62,7 +62,7 @@ def calibration_frames(
     sampled evenly over its length rather than read from the start only, so calibration
     sees the scene's variety.
     """
-    from ...sources import Cut, SourceError, open_source
+    from ...common.sources import Cut, SourceError, open_source
 
     try:
         src = open_source(str(source), Cut())

@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from ...config import Config
-from ...cuda import DeviceBuffer, PinnedBuffer
 from ...errors import EngineError
-from ...models import ModelSpec
+from ...model.spec import ModelSpec
 from ..base import U8Array
+from ..cuda import DeviceBuffer, PinnedBuffer
 from ..gpu_base import GpuEngine, GpuSlot
 from .build import INPUT, PlanReady, ensure_plan, load_plan
 from .library import import_tensorrt

@@ -4,7 +4,7 @@ INT8 calibration can go wrong quietly (frames unlike the site, a layer that quan
 badly): the plan builds and runs, and finds fewer boxes. So after an INT8 build the new
 plan runs on *held-back* calibration frames — frames of the same source that calibration
 did not use — and its detections are matched against ONNX Runtime's on the CPU (the
-model as exported) with :func:`edge_vision.agreement.match_detections`, pooled over the
+model as exported) with :func:`edge_vision.common.agreement.match_detections`, pooled over the
 frames. Under ``engine.tensorrt.int8_min_agreement`` (the lower of recall and precision,
 at IoU >= :data:`GATE_IOU`) the plan is refused with the figures, the refusal is remembered
 beside the plans (``<stem>.int8-refused.json``, so the next start does not rebuild and
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...agreement import Agreement, match_detections
+from ...common.agreement import Agreement, match_detections
 from ...config import Config
-from ...models import ModelSpec
+from ...model.spec import ModelSpec
 from .plan_store import PlanKey, PlanRecord, write_cache_atomically, write_plan_atomically
 from .profile import calibration_shape
 
@@ -184,9 +184,9 @@ async def detections_of(
     kind: str, spec: ModelSpec, config: Config, frames: Sequence[U8Array]
 ) -> list[F32Array]:
     """Each letterboxed frame's detections (frame = model input, no letterbox to undo)."""
-    from ...engines import create_engine
-    from ...post import Head, choose_head
-    from ...shape import plan_letterbox
+    from ...model.heads import Head, choose_head
+    from ...model.shape import plan_letterbox
+    from .. import create_engine
 
     engine = create_engine(kind, spec, config)
     await engine.start()

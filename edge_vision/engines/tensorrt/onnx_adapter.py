@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ModelError
-from ...shape import Normalisation
+from ...model.shape import Normalisation
 
 #: Name of the engine input of every plan edge_vision builds (see :func:`wrap_uint8_input`).
 UINT8_INPUT_NAME = "edge_vision_frames_u8"
@@ -26,7 +26,7 @@ ADAPTER_PREFIX = "edge_vision_pre/"
 def wrap_uint8_input(model: Any, input_name: str, norm: Normalisation) -> Any:
     """A copy of ``model`` whose input is uint8 ``[N, H, W, 3]`` BGR frames.
 
-    The added first nodes do what :func:`edge_vision.shape.normalise_into` does on the CPU
+    The added first nodes do what :func:`edge_vision.model.shape.normalise_into` does on the CPU
     — ``Cast`` to float, ``Transpose`` NHWC→NCHW, reorder channels to RGB when the model
     wants it (``Gather``), ``Mul`` by ``1/std``, ``Add`` ``-mean/std`` — and write the
     tensor the original graph reads (``input_name``), so the graph is otherwise untouched.
@@ -103,7 +103,7 @@ def append_argmax(model: Any) -> Any:
     probabilities) whose outputs are instead the arg-max class per column (``[N, T]``,
     int32) and its probability (``[N, T]``, float32), computed in the plan.
 
-    What :class:`edge_vision.read.TorchRecogniser` does on its device: only two ``[N, T]``
+    What :class:`edge_vision.frames.read.TorchRecogniser` does on its device: only two ``[N, T]``
     arrays come back from the GPU, not ``[N, T, 18710]`` (a 6-crop batch at width 2560
     would copy 143 MB per run). ``ArgMax`` is cast to int32, the index type TensorRT
     computes it in. Opset-11 forms (axis/axes as attributes), the recogniser's opset.

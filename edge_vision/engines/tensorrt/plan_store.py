@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from ...models import file_sha256
-from ...shape import Normalisation
+from ...model.shape import Normalisation
+from ...model.spec import file_sha256
 from .profile import ShapeProfile
 
 Precision = Literal["fp32", "fp16", "int8"]

@@ -2,8 +2,8 @@
 
 Plain code, tested on CPUs (tests/test_trt_plan.py): :func:`derive_profile` makes the
 profile (TensorRT ``IOptimizationProfile``) from the model's input limits and the config,
-so every shape :func:`edge_vision.shape.choose_input_shape` can pick lies inside it
-(:func:`edge_vision.shape.side_range`, shared with it), and
+so every shape :func:`edge_vision.model.shape.choose_input_shape` can pick lies inside it
+(:func:`edge_vision.model.shape.side_range`, shared with it), and
 :func:`calibration_shape` the fixed shape INT8 calibration runs at.
 """
 
@@ -15,7 +15,7 @@ from typing import Literal
 
 from ...config import TensorRTConfig
 from ...errors import ConfigError, EngineError
-from ...shape import InputLimits, choose_input_shape, side_range
+from ...model.shape import InputLimits, choose_input_shape, side_range
 
 #: How a plan's input lays out its batch, sides and 3 channels: ``NHWC`` for the detector's
 #: uint8 frames (:func:`wrap_uint8_input`), ``NCHW`` for the recogniser's float32 crops.
@@ -115,7 +115,7 @@ def derive_profile(
     * height and width: every side ``choose_input_shape`` can produce (``side_range``),
       tuned for ``opt_shape`` (default: the input of a 16:9 landscape frame, since most
       cameras are 16:9: 640×352 with the default model's stretch fit, 640×384 with a
-      letterbox; :func:`~edge_vision.shape.choose_input_shape` decides, so the plan is
+      letterbox; :func:`~edge_vision.model.shape.choose_input_shape` decides, so the plan is
       tuned for the shape serving picks).
 
     ``dla``: TensorRT's DLA restrictions say "DLA does not support dynamic dimensions, so
@@ -168,10 +168,10 @@ def profile_for(limits: InputLimits, max_batch: int, tcfg: TensorRTConfig) -> Sh
 def recogniser_profile(
     max_batch: int, max_width: int, *, height: int = 48, min_width: int = 320
 ) -> ShapeProfile:
-    """The text recogniser's profile (``NCHW`` float32 crops, :mod:`edge_vision.read`):
+    """The text recogniser's profile (``NCHW`` float32 crops, :mod:`edge_vision.frames.read`):
     batches of ``1..max_batch`` (``read.batch``), tuned for a full one; the fixed input
     height (48); widths from the nominal ``min_width`` (320: no batch is narrower,
-    :func:`edge_vision.read.batch_width`) to ``max_width`` (``read.max_width``), tuned for
+    :func:`edge_vision.frames.read.batch_width`) to ``max_width`` (``read.max_width``), tuned for
     the nominal width, the width of most label crops."""
     if max_batch < 1:
         raise ConfigError(f"read.batch must be >= 1, got {max_batch}")

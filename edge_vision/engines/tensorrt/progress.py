@@ -52,7 +52,7 @@ class LogBuildProgress:
     def _emit(self, text: str) -> None:
         log.info("TensorRT build: %s", text)
         if self._notify:
-            from ... import systemd
+            from ...common import systemd
 
             with contextlib.suppress(OSError):
                 systemd.notify(

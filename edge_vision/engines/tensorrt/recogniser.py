@@ -1,9 +1,10 @@
 """The text recogniser as a second TensorRT plan, built and cached like the detector's.
 
-With ``engine.kind: tensorrt`` (and ``read.engine: auto``) :mod:`edge_vision.read` runs
+With ``engine.kind: tensorrt`` (and ``read.engine: auto``) :mod:`edge_vision.frames.read` runs
 the recogniser here instead of on ONNX Runtime. What differs from the detector's plan:
 
-* **input**: ``[N, 3, 48, W]`` float32, the crops as :func:`edge_vision.read.recogniser_batches`
+* **input**: ``[N, 3, 48, W]`` float32, the crops as
+:func:`edge_vision.frames.read.recogniser_batches`
   makes them (resized, normalised, padded with 0); the padding is a float 0, which a
   uint8 input cannot carry, so no uint8 adapter;
 * **profile** (:func:`~.profile.recogniser_profile`, ``NCHW``): batch ``1..read.batch``,
@@ -34,9 +35,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ...config import Config
-from ...cuda import CudaRuntime, open_runtime
 from ...errors import EngineError, ModelError
-from ...models import file_sha256
+from ...model.spec import file_sha256
+from ..cuda import CudaRuntime, open_runtime
 from .build import (
     BuildResult,
     PlanReady,
@@ -166,7 +167,7 @@ def build_recogniser_for_config(
 ) -> PlanReady:
     """What ``edge-vision build-engine --read`` runs: the recogniser's plan (``read.model_path``
     or the wheel's), TensorRT and the CUDA device opened here."""
-    from ...read import default_recogniser_path
+    from ...frames.read import default_recogniser_path
 
     path = config.read.model_path or default_recogniser_path()
     if not path.is_file():
@@ -180,7 +181,7 @@ def build_recogniser_for_config(
 
 
 class TensorRTRecogniser:
-    """The recogniser's plan on the GPU: :class:`edge_vision.read.Recogniser`'s ``run``.
+    """The recogniser's plan on the GPU: :class:`edge_vision.frames.read.Recogniser`'s ``run``.
 
     One context, stream and set of buffers sized for the profile's maximum; ``run`` is
     synchronous (the read stage calls it from its worker thread) and serialised by a lock.

@@ -1,0 +1,434 @@
+"""Stage 3, decode: encoded image bytes → BGR pixels in a reusable host buffer.
+
+Order of work for one frame, cheapest refusal first:
+
+1. :func:`read_image_header` reads width/height from the JPEG SOF or PNG IHDR segment
+   without decoding, so an oversized image (a 40 000 × 40 000 PNG) is refused at once;
+2. the decoder writes pixels into a :class:`BufferPool` buffer (pinned memory when a
+   CUDA engine installed a pinned allocator), never a fresh array per frame where the
+   decoder allows it (simplejpeg does);
+3. JPEG frames much larger than the engine input are scaled by 1/2, 1/4 or 1/8 inside
+   libjpeg's IDCT (DCT-domain downscaling), which is cheaper than decoding then resizing.
+
+Decoders, fastest first: simplejpeg (libjpeg-turbo), PyTurboJPEG, OpenCV, Pillow.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from ..common.budget import MemoryBudget
+from ..errors import ClientError, ConfigError
+
+log = logging.getLogger(__name__)
+
+U8Array = npt.NDArray[np.uint8]
+ImageFormat = Literal["jpeg", "png"]
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# SOF markers carry the frame size; C4 (DHT), C8 (JPG) and CC (DAC) share the range.
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+@dataclass(frozen=True, slots=True)
+class ImageHeader:
+    format: ImageFormat
+    width: int
+    height: int
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+def read_image_header(data: bytes) -> ImageHeader:
+    """Width and height from the header alone (JPEG: ITU T.81 B.2.2 SOF; PNG: IHDR)."""
+    if data.startswith(_PNG_SIGNATURE):
+        # IHDR must be the first chunk: length(4) 'IHDR'(4) width(4) height(4) ...
+        if len(data) < 24 or data[12:16] != b"IHDR":
+            raise ClientError("bad_image", "PNG without a valid IHDR chunk")
+        width, height = struct.unpack_from(">II", data, 16)
+        if width == 0 or height == 0:
+            raise ClientError("bad_image", "PNG with zero width or height")
+        return ImageHeader("png", width, height)
+    if data.startswith(b"\xff\xd8"):
+        return _jpeg_header(data)
+    raise ClientError("unsupported_image", "image is neither JPEG nor PNG (by its first bytes)")
+
+
+def _jpeg_header(data: bytes) -> ImageHeader:
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            raise ClientError("bad_image", f"JPEG marker expected at byte {i}")
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):  # standalone markers
+            i += 2
+            continue
+        (length,) = struct.unpack_from(">H", data, i + 2)
+        if length < 2:
+            raise ClientError("bad_image", "JPEG segment with invalid length")
+        if marker in _SOF_MARKERS:
+            if i + 9 > n:
+                break
+            height, width = struct.unpack_from(">HH", data, i + 5)
+            if width == 0 or height == 0:
+                raise ClientError("bad_image", "JPEG with zero width or height")
+            return ImageHeader("jpeg", width, height)
+        if marker == 0xDA:  # start of scan before any SOF
+            raise ClientError("bad_image", "JPEG scan before frame header")
+        i += 2 + length
+    raise ClientError("bad_image", "JPEG is truncated before its frame header")
+
+
+def check_pixel_limit(header: ImageHeader, max_pixels: int) -> None:
+    if header.pixels > max_pixels:
+        raise ClientError(
+            "image_too_large",
+            f"image is {header.width}x{header.height} = {header.pixels} pixels; "
+            f"this server accepts at most {max_pixels}",
+        )
+
+
+def decoded_bytes(header: ImageHeader, min_size: tuple[int, int] | None) -> int:
+    """Bytes of the BGR pixels a decoder will produce: JPEG may be DCT-downscaled (to
+    no less than ``min_size``), PNG never is. Known from the header, before decoding."""
+    scale = _jpeg_scale(header, min_size) if header.format == "jpeg" else 1
+    return -(-header.width // scale) * -(-header.height // scale) * 3
+
+
+def check_decoded_limit(
+    header: ImageHeader, min_size: tuple[int, int] | None, max_bytes: int
+) -> int:
+    """Refuse, before decoding, an image whose pixels would take more than ``max_bytes``
+    (a 116 KB PNG of 6,320 x 6,320 zeros passes the pixel limit but decodes to 120 MB).
+    Returns the decoded size."""
+    nbytes = decoded_bytes(header, min_size)
+    if nbytes > max_bytes:
+        raise ClientError(
+            "decoded_too_large",
+            f"{header.format.upper()} {header.width}x{header.height} would decode to "
+            f"{nbytes} bytes; this server decodes at most {max_bytes} per frame",
+        )
+    return nbytes
+
+
+# ---------------------------------------------------------------------------------------
+# Buffers
+
+
+Allocator = Callable[[int], U8Array]
+
+
+def numpy_allocator(nbytes: int) -> U8Array:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+class BufferPool:
+    """Reusable flat uint8 buffers in power-of-two size classes, shared by worker threads.
+
+    ``allocator`` decides what memory backs them: plain numpy, or pinned (page-locked)
+    host memory from the CUDA layer so the H2D copy can be asynchronous.
+
+    With a :class:`~edge_vision.common.budget.MemoryBudget` every buffer the pool owns, handed
+    out or idle, is counted as ``pool`` bytes: a buffer that does not fit is refused with
+    ``over_memory_budget``, and one given back while the budget is over its admission
+    limit is freed rather than kept. :meth:`shrink` frees idle buffers down to a size
+    (the server does so after ``decode.pool_idle_s`` without use).
+    """
+
+    def __init__(
+        self,
+        allocator: Allocator = numpy_allocator,
+        keep_per_class: int = 256,
+        budget: MemoryBudget | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._allocator = allocator
+        self._keep = keep_per_class
+        self._free: dict[int, list[U8Array]] = {}
+        self._out: dict[int, int] = {}  # id of each buffer handed out -> its size class
+        self._lock = threading.Lock()
+        self._budget = budget
+        self._clock = clock
+        self._last_used = clock()
+        self.allocations = 0  # how many buffers were ever created (tests watch this)
+        self.free_bytes = 0  # bytes idle in the free lists
+        self.in_use_bytes = 0  # bytes handed out and not given back yet
+
+    def set_allocator(self, allocator: Allocator) -> None:
+        """Back new buffers with ``allocator`` (pinned when a CUDA engine takes over); the
+        free lists are emptied so every buffer handed out from now on comes from it."""
+        dropped = 0
+        with self._lock:
+            if allocator is not self._allocator:
+                self._allocator = allocator
+                dropped = self.free_bytes
+                self._free.clear()
+                self.free_bytes = 0
+        self._uncharge(dropped)
+
+    def _uncharge(self, nbytes: int) -> None:
+        if self._budget is not None:
+            self._budget.release(nbytes, "pool")
+
+    @staticmethod
+    def _size_class(nbytes: int) -> int:
+        return 1 << max(12, (nbytes - 1).bit_length())
+
+    def acquire(self, shape: tuple[int, ...]) -> U8Array:
+        """A uint8 array of ``shape`` viewing a pooled buffer; give it back with release()."""
+        nbytes = int(np.prod(shape))
+        cls = self._size_class(nbytes)
+        with self._lock:
+            self._last_used = self._clock()
+            free = self._free.get(cls)
+            base = free.pop() if free else None
+            if base is not None:
+                self.free_bytes -= cls
+            elif self._budget is not None and not self._budget.try_acquire(cls, "pool"):
+                raise ClientError(
+                    "over_memory_budget",
+                    f"no room in the server's memory budget for a {cls}-byte frame buffer; "
+                    "retry shortly",
+                )
+            else:
+                self.allocations += 1
+        if base is None:
+            try:
+                base = self._allocator(cls)
+            except BaseException:
+                self._uncharge(cls)
+                raise
+        with self._lock:
+            self._out[id(base)] = cls
+            self.in_use_bytes += cls
+        return base[:nbytes].reshape(shape)
+
+    def release(self, array: U8Array) -> None:
+        base = array.base if array.base is not None else array
+        # Views of views: walk to the pooled owner (a 1-D array of a size class).
+        while isinstance(base, np.ndarray) and base.base is not None and base.ndim != 1:
+            base = base.base
+        if not isinstance(base, np.ndarray):
+            return
+        with self._lock:
+            self._last_used = self._clock()
+            cls = self._out.pop(id(base), None)
+            if cls is None:  # not handed out by this pool (or already given back)
+                return
+            self.in_use_bytes -= cls
+            free = self._free.setdefault(cls, [])
+            over = self._budget is not None and self._budget.held > self._budget.admit_limit
+            if len(free) < self._keep and not over:
+                free.append(base)
+                self.free_bytes += cls
+                return
+        self._uncharge(cls)  # freed, not kept: the budget is tight or the class is full
+
+    @property
+    def last_used(self) -> float:
+        """When (the pool's clock) a buffer was last taken or given back."""
+        return self._last_used
+
+    def idle_for(self) -> float:
+        """Seconds since a buffer was last taken or given back."""
+        return self._clock() - self._last_used
+
+    def shrink(self, keep_bytes: int) -> int:
+        """Free idle buffers, largest first, until at most ``keep_bytes`` stay idle;
+        returns the bytes freed."""
+        freed = 0
+        with self._lock:
+            for cls in sorted(self._free, reverse=True):
+                free = self._free[cls]
+                while free and self.free_bytes > keep_bytes:
+                    free.pop()
+                    self.free_bytes -= cls
+                    freed += cls
+        self._uncharge(freed)
+        return freed
+
+
+# ---------------------------------------------------------------------------------------
+# Decoders
+
+
+@dataclass(slots=True)
+class DecodedFrame:
+    """Pixels (BGR, HxWx3) possibly DCT-downscaled; width/height are the original's."""
+
+    pixels: U8Array
+    width: int
+    height: int
+    pooled: bool  # pixels view a BufferPool buffer that must be released
+
+
+class Decoder(Protocol):
+    name: str
+
+    def decode(
+        self, data: bytes, header: ImageHeader, min_size: tuple[int, int] | None, pool: BufferPool
+    ) -> DecodedFrame:
+        """Decode ``data``; ``min_size`` (w, h) allows DCT downscaling down to that size."""
+        ...
+
+
+def _jpeg_scale(header: ImageHeader, min_size: tuple[int, int] | None) -> int:
+    """Largest libjpeg scale denominator (1, 2, 4, 8) that keeps both sides >= min_size."""
+    if min_size is None:
+        return 1
+    mw, mh = min_size
+    for d in (8, 4, 2):
+        if -(-header.width // d) >= mw and -(-header.height // d) >= mh:
+            return d
+    return 1
+
+
+def _opencv_decode(data: bytes, header: ImageHeader, scale: int) -> U8Array:
+    import cv2
+
+    flags = {
+        1: cv2.IMREAD_COLOR,
+        2: cv2.IMREAD_REDUCED_COLOR_2,
+        4: cv2.IMREAD_REDUCED_COLOR_4,
+        8: cv2.IMREAD_REDUCED_COLOR_8,
+    }[scale if header.format == "jpeg" else 1]
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    if img is None:
+        raise ClientError("bad_image", f"{header.format.upper()} data could not be decoded")
+    if img.ndim != 3 or img.shape[2] != 3:  # pragma: no cover - IMREAD_COLOR guarantees 3
+        raise ClientError("bad_image", "decoded image is not 3-channel")
+    return img.astype(np.uint8, copy=False)
+
+
+class OpenCvDecoder:
+    name = "opencv"
+
+    def decode(
+        self, data: bytes, header: ImageHeader, min_size: tuple[int, int] | None, pool: BufferPool
+    ) -> DecodedFrame:
+        img = _opencv_decode(data, header, _jpeg_scale(header, min_size))
+        return DecodedFrame(img, header.width, header.height, pooled=False)
+
+
+class SimpleJpegDecoder:
+    """libjpeg-turbo via simplejpeg: decodes straight into a pooled buffer."""
+
+    name = "simplejpeg"
+
+    def __init__(self) -> None:
+        import simplejpeg
+
+        self._sj = simplejpeg
+
+    def decode(
+        self, data: bytes, header: ImageHeader, min_size: tuple[int, int] | None, pool: BufferPool
+    ) -> DecodedFrame:
+        if header.format != "jpeg":
+            return OpenCvDecoder().decode(data, header, min_size, pool)
+        mw, mh = min_size or (0, 0)
+        try:
+            h, w, colorspace, _ = self._sj.decode_jpeg_header(
+                data, min_height=mh, min_width=mw, min_factor=2
+            )
+        except ValueError as e:
+            raise ClientError("bad_image", f"JPEG header could not be read: {e}") from None
+        if colorspace not in ("YCbCr", "Gray"):  # CMYK/YCCK: let OpenCV convert
+            return OpenCvDecoder().decode(data, header, min_size, pool)
+        out = pool.acquire((h, w, 3))
+        try:
+            self._sj.decode_jpeg(
+                data, colorspace="BGR", min_height=mh, min_width=mw, min_factor=2, buffer=out
+            )
+        except ValueError as e:
+            pool.release(out)
+            raise ClientError("bad_image", f"JPEG could not be decoded: {e}") from None
+        return DecodedFrame(out, header.width, header.height, pooled=True)
+
+
+class TurboJpegDecoder:
+    """libjpeg-turbo via PyTurboJPEG (needs the system libturbojpeg)."""
+
+    name = "turbojpeg"
+
+    def __init__(self) -> None:
+        from turbojpeg import TJPF_BGR, TurboJPEG
+
+        self._tj = TurboJPEG()
+        self._bgr = TJPF_BGR
+
+    def decode(
+        self, data: bytes, header: ImageHeader, min_size: tuple[int, int] | None, pool: BufferPool
+    ) -> DecodedFrame:
+        if header.format != "jpeg":
+            return OpenCvDecoder().decode(data, header, min_size, pool)
+        scale = _jpeg_scale(header, min_size)
+        try:
+            img = self._tj.decode(data, pixel_format=self._bgr, scaling_factor=(1, scale))
+        except (OSError, ValueError) as e:
+            raise ClientError("bad_image", f"JPEG could not be decoded: {e}") from None
+        return DecodedFrame(np.asarray(img, np.uint8), header.width, header.height, pooled=False)
+
+
+class PillowDecoder:
+    name = "pillow"
+
+    def decode(
+        self, data: bytes, header: ImageHeader, min_size: tuple[int, int] | None, pool: BufferPool
+    ) -> DecodedFrame:
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                if header.format == "jpeg" and min_size is not None:
+                    im.draft("RGB", min_size)  # DCT-domain scaling, never below min_size
+                rgb = np.asarray(im.convert("RGB"), dtype=np.uint8)
+        except (OSError, ValueError, Image.DecompressionBombError) as e:
+            raise ClientError("bad_image", f"image could not be decoded: {e}") from None
+        return DecodedFrame(
+            np.ascontiguousarray(rgb[:, :, ::-1]), header.width, header.height, pooled=False
+        )
+
+
+_DECODERS: dict[str, type[Decoder]] = {
+    "simplejpeg": SimpleJpegDecoder,
+    "turbojpeg": TurboJpegDecoder,
+    "opencv": OpenCvDecoder,
+    "pillow": PillowDecoder,
+}
+
+
+def pick_decoder(preference: str = "auto") -> Decoder:
+    """The configured decoder, or with ``auto`` the fastest one that loads here."""
+    if preference != "auto":
+        cls = _DECODERS.get(preference)
+        if cls is None:
+            raise ConfigError(
+                f"decode.decoder {preference!r}; allowed: auto, {', '.join(_DECODERS)}"
+            )
+        try:
+            return cls()
+        except (ImportError, OSError, RuntimeError) as e:
+            raise ConfigError(f"decode.decoder {preference!r} is not usable here: {e}") from e
+    for name, cls in _DECODERS.items():
+        try:
+            decoder = cls()
+        except (ImportError, OSError, RuntimeError) as e:
+            log.debug("decoder %s unavailable: %s", name, e)
+            continue
+        return decoder
+    raise ConfigError("no image decoder is installed (need simplejpeg, opencv or pillow)")

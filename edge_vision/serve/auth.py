@@ -1,0 +1,399 @@
+"""Who may connect: API keys, signed expiring tokens, origins. Pure functions, no I/O.
+
+Credentials (docs/security.md, docs/protocol.md "Authentication", since protocol 2):
+
+* **API keys**: long random strings configured as their SHA-256 (``auth.api_keys``), so a
+  config file or ``--print-config`` never holds a usable key. Each has a name (the
+  subject) and scopes.
+* **Signed tokens**: ``ev1.<payload>.<signature>``, the payload base64url JSON
+  ``{"sub": ..., "exp": <unix s>, "iat": <unix s>, "scp": ["stream", ...]}`` and the
+  signature HMAC-SHA256 (RFC 2104) over ``ev1.<payload>`` with the node's token secret.
+  ``edge-vision token --subject cam-3 --ttl 8h --scope stream`` mints one.
+
+Scopes: ``stream`` opens ``/ws``; ``admin`` reads ``/metrics`` and ``/api/*`` (and
+implies nothing else). Every comparison of a secret is constant-time
+(:func:`hmac.compare_digest`), and every configured key is compared, so timing says
+nothing about which key nearly matched.
+
+Where a client puts its credential, in the order looked at: ``Authorization: Bearer``
+(replay, camera boxes), a ``Sec-WebSocket-Protocol`` entry ``edge-vision.token.<credential>``
+(browsers cannot set headers on a WebSocket; the server echoes back only the real
+subprotocol, never this entry), and as a last resort ``?access_token=`` (RFC 6750
+section 2.3), redacted by :func:`redact_url` wherever a URL is logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ..errors import ConfigError
+
+Scope = Literal["stream", "admin"]
+SCOPES: tuple[Scope, ...] = ("stream", "admin")
+
+TOKEN_PREFIX = "ev1"
+#: The one real subprotocol; a browser that offers credential entries must offer it too,
+#: because a browser fails a handshake whose answer names none of the offered entries.
+SUBPROTOCOL = "edge-vision"
+TOKEN_ENTRY = "edge-vision.token."
+RESUME_ENTRY = "edge-vision.resume."
+QUERY_TOKEN = "access_token"
+#: Query parameters that carry secrets: never logged as given.
+SECRET_QUERY_PARAMS = frozenset({QUERY_TOKEN, "resume", "token"})
+DEFAULT_SECRET_ENV = "EDGE_VISION_TOKEN_SECRET"
+MIN_SECRET_BYTES = 32
+MAX_CREDENTIAL_CHARS = 4096
+
+_SUBJECT = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
+_B64URL = re.compile(r"[A-Za-z0-9_-]*")
+
+
+class AuthError(Exception):
+    """A refused handshake: ``status`` (401 or 403) and a short reason for the body."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a connection is: what it may do and until when."""
+
+    subject: str
+    scopes: frozenset[str]
+    kind: Literal["api_key", "token", "anonymous"]
+    expires_at: float | None = None
+
+    @property
+    def limit_key(self) -> str:
+        """What ``limits.max_connections_per_token`` counts: one API key, or every token
+        minted for one subject."""
+        return f"{self.kind}:{self.subject}"
+
+    def require(self, scope: Scope) -> None:
+        if scope not in self.scopes:
+            raise AuthError(403, f"credential for '{self.subject}' lacks the '{scope}' scope")
+
+
+ANONYMOUS = Principal("anonymous", frozenset(SCOPES), "anonymous")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    name: str
+    sha256: bytes
+    scopes: frozenset[str]
+
+
+def _b64e(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _b64d(text: str) -> bytes:
+    if not _B64URL.fullmatch(text):
+        raise ValueError("not base64url")
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _sign(secret: bytes, signed_part: str) -> bytes:
+    return hmac.new(secret, signed_part.encode("ascii"), hashlib.sha256).digest()
+
+
+def mint_token(
+    secret: bytes, subject: str, ttl_s: float, scopes: Iterable[str], now: float | None = None
+) -> str:
+    """A signed token for ``subject`` valid ``ttl_s`` seconds from ``now``."""
+    if not _SUBJECT.fullmatch(subject):
+        raise ValueError("subject: 1-128 letters, digits or . _ : @ -")
+    scope_list = sorted(set(scopes))
+    unknown = [s for s in scope_list if s not in SCOPES]
+    if unknown or not scope_list:
+        raise ValueError(f"scopes must be some of {', '.join(SCOPES)}; got {scope_list}")
+    if ttl_s <= 0:
+        raise ValueError("ttl must be positive")
+    issued = int(time.time() if now is None else now)
+    payload = {"sub": subject, "iat": issued, "exp": issued + int(ttl_s), "scp": scope_list}
+    body = _b64e(json.dumps(payload, separators=(",", ":"), sort_keys=True).encode())
+    signed = f"{TOKEN_PREFIX}.{body}"
+    return f"{signed}.{_b64e(_sign(secret, signed))}"
+
+
+def verify_token(secret: bytes, token: str, now: float | None = None) -> Principal:
+    """The principal a signed token names; :class:`AuthError` 401 when it is malformed,
+    forged or expired (the signature is checked before anything in it is believed)."""
+    parts = token.split(".")
+    if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+        raise AuthError(401, "malformed token")
+    signed = f"{parts[0]}.{parts[1]}"
+    try:
+        signature = _b64d(parts[2])
+        expected = _sign(secret, signed)
+        if not hmac.compare_digest(signature, expected):
+            raise AuthError(401, "invalid token signature")
+        payload = json.loads(_b64d(parts[1]))
+    except (ValueError, binascii.Error):
+        raise AuthError(401, "malformed token") from None
+    if not isinstance(payload, dict):
+        raise AuthError(401, "malformed token")
+    sub, exp, scp = payload.get("sub"), payload.get("exp"), payload.get("scp")
+    if (
+        not isinstance(sub, str)
+        or not isinstance(exp, int)
+        or not isinstance(scp, list)
+        or not all(isinstance(s, str) for s in scp)
+    ):
+        raise AuthError(401, "malformed token")
+    if (time.time() if now is None else now) >= exp:
+        raise AuthError(401, "token expired")
+    return Principal(sub, frozenset(s for s in scp if s in SCOPES), "token", float(exp))
+
+
+def hash_api_key(key: str) -> str:
+    """The hex SHA-256 that ``auth.api_keys[].sha256`` holds for ``key``."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Authenticator:
+    """Checks a presented credential against the configured keys and the token secret."""
+
+    def __init__(self, api_keys: Sequence[ApiKey], token_secret: bytes | None) -> None:
+        self.api_keys = list(api_keys)
+        self.token_secret = token_secret
+
+    def authenticate(self, credential: str | None, now: float | None = None) -> Principal:
+        if not credential:
+            raise AuthError(401, "credentials required (Authorization: Bearer, or a token)")
+        if len(credential) > MAX_CREDENTIAL_CHARS:
+            raise AuthError(401, "credential too long")
+        if credential.startswith(TOKEN_PREFIX + "."):
+            if self.token_secret is None:
+                raise AuthError(401, "this server accepts no signed tokens")
+            return verify_token(self.token_secret, credential, now)
+        digest = hashlib.sha256(credential.encode()).digest()
+        found: ApiKey | None = None
+        for key in self.api_keys:  # every key compared: no early exit to time
+            if hmac.compare_digest(digest, key.sha256):
+                found = key
+        if found is None:
+            raise AuthError(401, "invalid credentials")
+        return Principal(found.name, found.scopes, "api_key")
+
+
+def read_token_secret(file: Path | None, env_name: str, environ: Mapping[str, str]) -> bytes | None:
+    """The HMAC secret: the file's contents (stripped) if a file is named, else the
+    environment variable; None if neither is set. Too short a secret stops start-up."""
+    if file is not None:
+        try:
+            value = file.read_bytes().strip()
+        except OSError as e:
+            raise ConfigError(f"cannot read auth.token_secret_file {file}: {e.strerror}") from e
+        where = f"auth.token_secret_file {file}"
+    else:
+        text = environ.get(env_name, "")
+        if not text:
+            return None
+        value = text.strip().encode()
+        where = f"the {env_name} environment variable"
+    if len(value) < MIN_SECRET_BYTES:
+        raise ConfigError(
+            f"the token secret in {where} is {len(value)} bytes; at least {MIN_SECRET_BYTES} "
+            "are needed (edge-vision token --new-secret prints one)"
+        )
+    return value
+
+
+# -- where credentials come from -------------------------------------------------------
+
+
+def offered_subprotocols(header: str) -> list[str]:
+    """``Sec-WebSocket-Protocol`` entries as the client listed them (RFC 6455 4.1)."""
+    return [p.strip() for p in header.split(",") if p.strip()]
+
+
+@dataclass(frozen=True, slots=True)
+class Presented:
+    """What a handshake carries: the credential and where it was, the resume token if
+    the client sent it as a subprotocol entry, and the real subprotocols offered."""
+
+    credential: str | None
+    source: Literal["header", "subprotocol", "query", "none"]
+    resume_token: str | None
+    protocols: tuple[str, ...]
+
+
+def presented(headers: Mapping[str, str], query: Mapping[str, str]) -> Presented:
+    """Take apart one handshake's credential-bearing parts (no checking yet)."""
+    entries = offered_subprotocols(headers.get("Sec-WebSocket-Protocol", ""))
+    entry_token = next((e[len(TOKEN_ENTRY) :] for e in entries if e.startswith(TOKEN_ENTRY)), None)
+    resume = next((e[len(RESUME_ENTRY) :] for e in entries if e.startswith(RESUME_ENTRY)), None)
+    real = tuple(e for e in entries if not e.startswith((TOKEN_ENTRY, RESUME_ENTRY)))
+    scheme, _, value = headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return Presented(value.strip(), "header", resume, real)
+    if entry_token:
+        return Presented(entry_token, "subprotocol", resume, real)
+    if query.get(QUERY_TOKEN):
+        return Presented(query[QUERY_TOKEN], "query", resume, real)
+    return Presented(None, "none", resume, real)
+
+
+def origin_allowed(origin: str | None, host: str, allowed: Iterable[str]) -> bool:
+    """Cross-site WebSocket hijacking defence (RFC 6455 section 10.2).
+
+    No ``Origin`` (replay, camera boxes: not a browser) passes; the credential decides.
+    A browser's ``Origin`` passes when its host:port is the request's own ``Host`` (the
+    page this server serves) or it is listed in ``allowed`` (``"*"`` allows any)."""
+    if origin is None:
+        return True
+    allowed = list(allowed)
+    if "*" in allowed:
+        return True
+    norm = origin.strip().rstrip("/").lower()
+    if norm in (a.strip().rstrip("/").lower() for a in allowed):
+        return True
+    parts = urlsplit(norm)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    host = host.strip().lower()
+    if parts.netloc == host:
+        return True
+    # A proxy that forwards ``Host: $host`` (nginx) drops the port: then the host name
+    # alone decides, as a page on another port of the same host is the same site anyway.
+    return ":" not in host.rsplit("]", 1)[-1] and parts.hostname == host.strip("[]")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the values of secret-bearing query parameters replaced, for logs."""
+    parts = urlsplit(url)
+    if not parts.query:
+        return url
+    pairs = [
+        (k, "REDACTED" if k.lower() in SECRET_QUERY_PARAMS else v)
+        for k, v in parse_qsl(parts.query, keep_blank_values=True)
+    ]
+    return urlunsplit(parts._replace(query=urlencode(pairs)))
+
+
+_SECRET_TEXT = re.compile(
+    r"((?:access_token|token|resume)=)[^&\s\"']+"
+    r"|(Bearer\s+)[^\s\"',]+"
+    r"|(edge-vision\.(?:token|resume)\.)[^\s,\"']+",
+    re.IGNORECASE,
+)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with anything that looks like a credential or resume token replaced."""
+    return _SECRET_TEXT.sub(lambda m: (m.group(1) or m.group(2) or m.group(3)) + "REDACTED", text)
+
+
+class RedactSecrets(logging.Filter):
+    """A handler filter: no log line, message or traceback, carries a credential, whatever
+    library wrote it (aiohttp quotes a malformed request line at debug level, say)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        return True
+
+
+def install_log_redaction(logger: logging.Logger | None = None) -> None:
+    """Put :class:`RedactSecrets` on every handler of ``logger`` (the root's by default)."""
+    for handler in (logger or logging.getLogger()).handlers:
+        if not any(isinstance(f, RedactSecrets) for f in handler.filters):
+            handler.addFilter(RedactSecrets())
+
+
+# -- the ``edge-vision token`` command -------------------------------------------------
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``8h``, ``30d`` as seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 15m, 8h, 30d)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from ..cli import config_from_args
+
+    if args.new_secret:
+        print(secrets.token_urlsafe(48))
+        return 0
+    if args.new_api_key:
+        key = "evk_" + secrets.token_urlsafe(32)
+        print(key)
+        print(
+            f"# config entry: auth.api_keys: [{{name: {args.new_api_key}, "
+            f"sha256: {hash_api_key(key)}, scopes: [{', '.join(args.scope or ['stream'])}]}}]",
+            file=sys.stderr,
+        )
+        return 0
+    config = config_from_args(args)
+    a = config.auth
+    secret = read_token_secret(a.token_secret_file, a.token_secret_env, os.environ)
+    if secret is None:
+        raise ConfigError(
+            "no token secret: set auth.token_secret_file or the "
+            f"{config.auth.token_secret_env} environment variable"
+        )
+    if not args.subject:
+        raise ConfigError("edge-vision token needs --subject")
+    try:
+        token = mint_token(secret, args.subject, parse_duration(args.ttl), args.scope or ["stream"])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    print(token)
+    return 0
+
+
+def register_cli(sub: Any) -> None:
+    from ..cli import add_config_args
+
+    p = sub.add_parser(
+        "token",
+        help="mint a signed access token (or a new secret / API key)",
+        description="Mint a signed, expiring access token with the node's token secret "
+        "(auth.token_secret_file or $EDGE_VISION_TOKEN_SECRET). docs/security.md.",
+    )
+    add_config_args(p)
+    p.add_argument("--subject", help="who the token is for, e.g. cam-3 or alice")
+    p.add_argument("--ttl", default="8h", help="lifetime: 90s, 15m, 8h, 30d (default 8h)")
+    p.add_argument(
+        "--scope",
+        action="append",
+        choices=SCOPES,
+        help="allowed scope, repeatable (default: stream)",
+    )
+    p.add_argument("--new-secret", action="store_true", help="print a fresh token secret")
+    p.add_argument(
+        "--new-api-key",
+        metavar="NAME",
+        help="print a fresh API key (stdout) and its config entry (stderr)",
+    )
+    p.set_defaults(func=cmd_token)

@@ -1,0 +1,197 @@
+"""The WebSocket layer under ``/ws``: one set of settings, clean closes (RFC 6455).
+
+:func:`websocket_response` builds every server-side WebSocket with the same settings, so
+the test-only echo route (:func:`echo_handler`, registered only with
+``server.test_echo_route``) that Autobahn|Testsuite checks is exactly what ``/ws`` runs.
+
+What aiohttp leaves to us, and this module does:
+
+* **1009 that a client still writing receives.** aiohttp answers an oversized message
+  with a close frame and then closes the TCP socket at once; the unread rest of the
+  message in the kernel's buffer turns that close into a reset, and the client, still
+  writing, sees "connection lost" instead of 1009. :class:`ServerWebSocket` lingers:
+  after a 1009 it keeps reading and discarding what arrives (aiohttp's protocol drops
+  every byte once its parser failed) until the client closes its side or
+  ``server.close_linger_s`` passes, then closes (RFC 6455 section 7.1.1: the server
+  closes the TCP connection after the closing handshake, and section 7.1.7).
+* **1002 for a close code that must not be sent.** aiohttp lets 1006 (and codes from
+  5000 up) through as valid; RFC 6455 section 7.4.1 reserves 1004, 1005, 1006 and 1015
+  and section 7.4.2 defines nothing from 5000. :func:`reply_close_code` picks the answer
+  (``autoclose`` is off so that the answer is ours, not aiohttp's 1000).
+* **1007 for invalid UTF-8** (section 8.1): ``decode_text`` is off (frames are parsed as
+  bytes, without a str copy), so text is validated here (:func:`is_valid_utf8`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from aiohttp import WSMsgType, web
+from aiohttp.abc import AbstractStreamWriter
+
+from ..common.close_codes import CloseCode
+from ..config import ServerConfig
+
+log = logging.getLogger(__name__)
+
+#: Path of the test-only echo route (``server.test_echo_route``).
+ECHO_PATH = "/test/echo"
+
+# Close codes a peer may send (RFC 6455 section 7.4.1 and the IANA registry it set up;
+# 4000-4999 are private use, section 7.4.2). 1004-1006 and 1015 must never be sent.
+_SENDABLE = frozenset((*range(1000, 1004), *range(1007, 1015), *range(3000, 5000)))
+_LINGER_POLL_S = 0.05
+
+
+def reply_close_code(peer_code: int | None) -> int:
+    """The code to answer a peer's close frame with: 1000, or 1002 for a code the peer
+    must not send. ``0``/None: the close frame carried no code (aiohttp reports 0)."""
+    if not peer_code:
+        return int(CloseCode.NORMAL)
+    return int(CloseCode.NORMAL if peer_code in _SENDABLE else CloseCode.PROTOCOL_ERROR)
+
+
+def is_valid_utf8(data: bytes | str) -> bool:
+    """Whether a text message's payload is valid UTF-8 (RFC 3629), as section 8.1 asks."""
+    if isinstance(data, str):
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class ServerWebSocket(web.WebSocketResponse):
+    """aiohttp's WebSocketResponse, lingering after a 1009 (see the module docstring)."""
+
+    def __init__(self, *, linger_s: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._linger_s = linger_s
+        self._request: web.BaseRequest | None = None
+        self._first_close_code: int | None = None
+        self._linger_until: float | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._handshake_done = False
+        self._handshake_failed = False
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter:
+        if self._handshake_failed:  # aiohttp calls prepare() again after the handler
+            raise ConnectionResetError("the client went away during the handshake")
+        self._request = request
+        try:
+            writer = await super().prepare(request)
+        except BaseException:
+            self._handshake_failed = True
+            raise
+        self._handshake_done = True
+        return writer
+
+    async def close(
+        self, *, code: int = CloseCode.NORMAL, message: bytes = b"", drain: bool = True
+    ) -> bool:
+        if not self._handshake_done:
+            # The client went away during the upgrade; aiohttp still calls close() (from
+            # write_eof) and would raise "Call .prepare() first".
+            return False
+        if self._first_close_code is None and not self.closed:
+            self._first_close_code = code
+        return await super().close(code=code, message=message, drain=drain)
+
+    def _close_transport(self) -> None:
+        # aiohttp's one place that closes the TCP socket (web_ws.py); after our 1009 it is
+        # deferred so the client's remaining bytes are read and dropped, not reset.
+        transport = self._request.transport if self._request is not None else None
+        if (
+            transport is None
+            or transport.is_closing()
+            or self._linger_s <= 0
+            or self._first_close_code != CloseCode.MESSAGE_TOO_BIG
+        ):
+            super()._close_transport()
+            return
+        if self._linger_timer is None:
+            loop = asyncio.get_running_loop()
+            self._linger_until = loop.time() + self._linger_s
+            # Bounded even if nobody awaits linger(): the socket closes after linger_s.
+            self._linger_timer = loop.call_later(self._linger_s, transport.close)
+            if isinstance(transport, asyncio.ReadTransport):
+                transport.resume_reading()  # discarding needs reading
+
+    @property
+    def lingering(self) -> bool:
+        """A 1009 was sent and the socket is kept open to drain the client's message."""
+        return self._linger_timer is not None
+
+    async def linger(self) -> None:
+        """Return once a lingering socket is gone: closed by the client, or after
+        ``linger_s`` by us. Returns at once when not lingering. The handler must wait
+        here: aiohttp closes the socket as soon as the handler returns."""
+        if self._linger_until is None or self._request is None:
+            return
+        loop = asyncio.get_running_loop()
+        # Polled: aiohttp signals the peer's close to nobody but its own reader, which has
+        # already failed here.
+        while self._request.transport is not None and loop.time() < self._linger_until:  # noqa: ASYNC110
+            await asyncio.sleep(_LINGER_POLL_S)
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        transport = self._request.transport
+        if transport is not None:
+            transport.close()
+
+
+def websocket_response(server: ServerConfig, protocols: Iterable[str] = ()) -> ServerWebSocket:
+    """The WebSocket every route of this server speaks (``/ws`` and the echo route);
+    ``protocols``: the subprotocols it may echo back."""
+    return ServerWebSocket(
+        protocols=tuple(protocols),
+        linger_s=server.close_linger_s,
+        # aiohttp refuses a message of max_msg_size bytes; ours is the largest accepted.
+        max_msg_size=server.max_message_bytes + 1,
+        compress=False,  # JPEG does not deflate; results are small
+        autoping=True,
+        autoclose=False,  # we answer close frames ourselves (reply_close_code)
+        timeout=2.0,  # for the client's close frame after ours
+        decode_text=False,  # parsed as bytes; UTF-8 checked where it matters
+    )
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def echo_handler(server: ServerConfig, protocols: Iterable[str] = ()) -> Handler:
+    """A test-only route that echoes every message, with ``/ws``'s WebSocket settings and
+    close handling, for Autobahn|Testsuite (``server.test_echo_route``; never in
+    production: it answers anyone with whatever they send)."""
+
+    async def echo(request: web.Request) -> web.StreamResponse:
+        ws = websocket_response(server, protocols)
+        await ws.prepare(request)
+        started = time.monotonic()
+        while True:
+            msg = await ws.receive()
+            if msg.type is WSMsgType.TEXT:
+                if not is_valid_utf8(msg.data):
+                    await ws.close(code=CloseCode.INVALID_PAYLOAD, message=b"invalid UTF-8")
+                    break
+                data = msg.data if isinstance(msg.data, bytes) else msg.data.encode()
+                await ws.send_frame(data, WSMsgType.TEXT)
+            elif msg.type is WSMsgType.BINARY:
+                await ws.send_bytes(msg.data)
+            elif msg.type is WSMsgType.CLOSE:
+                await ws.close(code=reply_close_code(msg.data))
+                break
+            else:  # ERROR (aiohttp already sent its close code), CLOSING, CLOSED
+                await ws.linger()
+                break
+        log.debug(
+            "echo connection closed with %s after %.1f s", ws.close_code, time.monotonic() - started
+        )
+        return ws
+
+    return echo
