@@ -73,13 +73,13 @@ from .errors import (
     SlowClient,
     TokenExpired,
 )
-from .serve.auth import RESUME_ENTRY, SUBPROTOCOL
 from .session.receive import (
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
     encode_binary_frame,
     encode_json_frame,
 )
+from .session.versions import RESUME_ENTRY, SUBPROTOCOL
 
 if TYPE_CHECKING:
     import numpy as np

@@ -171,7 +171,7 @@ class ServerConfig(_Section):
         description="Each serving process's event loop: asyncio (Python's own) or uvloop "
         "(libuv, pip install uvloop). uvloop took 10 % less server CPU a WebSocket message "
         "on the 2-core machine, under 1 % of a frame's cost on the GPU path "
-        "(python -m edge_vision.tools.bench.loop, docs/benchmarks.md).",
+        "(python -m benchmarks.loop, docs/benchmarks.md).",
     )
     test_echo_route: bool = Field(
         False,

@@ -25,11 +25,11 @@ from referencing.jsonschema import DRAFT7
 
 from edge_vision.common.close_codes import CloseCode
 from edge_vision.errors import ERROR_CODES, ClientError
+from edge_vision.frames.decode import decode_base64
 from edge_vision.model.spec import ModelSpec
 from edge_vision.session.receive import (
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
-    decode_base64,
     encode_binary_frame,
     parse_binary,
     parse_text,

@@ -193,7 +193,7 @@ def small_bench(
 
 @pytest.mark.timeout(180)
 def test_the_loop_bench_times_the_server_s_cpu_a_message_on_each_loop(tmp_path: Path) -> None:
-    """python -m edge_vision.tools.bench.loop, tiny: a real server per loop, every message echoed
+    """python -m benchmarks.loop, tiny: a real server per loop, every message echoed
     and counted, the server's CPU per message read from /proc for both loops."""
     proc, report = small_bench(
         "loop",
@@ -214,7 +214,7 @@ def test_the_loop_bench_times_the_server_s_cpu_a_message_on_each_loop(tmp_path: 
 def test_the_handoff_bench_passes_every_frame_through_shared_memory_and_times_both_sides(
     tmp_path: Path,
 ) -> None:
-    """python -m edge_vision.tools.bench.handoff, tiny: every frame's reply comes back from the
+    """python -m benchmarks.handoff, tiny: every frame's reply comes back from the
     other process (the bench fails on a reply that is not its frame's), and both sides'
     CPU a frame is reported for each batch size."""
     proc, report = small_bench(
@@ -235,7 +235,7 @@ def test_the_handoff_bench_passes_every_frame_through_shared_memory_and_times_bo
 def test_the_overhead_bench_answers_every_frame_with_the_stand_in_model_and_splits_cpu_by_role(
     tmp_path: Path,
 ) -> None:
-    """python -m edge_vision.tools.bench.overhead, tiny: a real server serves real JPEGs with the
+    """python -m benchmarks.overhead, tiny: a real server serves real JPEGs with the
     stand-in detector, which finds boxes on them, each variant is its own server with its
     settings applied (a bad setting fails the bench), every frame is answered, and the
     server's CPU a frame is reported by role, the engine's left out of service_ms."""

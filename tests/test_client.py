@@ -264,7 +264,7 @@ async def _one_frame_from_a_node(tmp_path: Path, *settings: str) -> str:
 
 async def test_a_real_server_process_on_uvloop_serves_frames(tmp_path: Path) -> None:
     """server.event_loop uvloop: `edge-vision serve` runs its loop on libuv and serves as
-    on asyncio's (python -m edge_vision.tools.bench.loop measures the difference)."""
+    on asyncio's (python -m benchmarks.loop measures the difference)."""
     assert "event loop: uvloop" in await _one_frame_from_a_node(
         tmp_path, "server.event_loop=uvloop"
     )

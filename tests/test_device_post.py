@@ -18,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from benchmarks.yolo_post import yolo_v8_output
 from edge_vision.errors import ModelError
 from edge_vision.model.heads import (
     NMS_KEPT,
@@ -32,8 +33,7 @@ from edge_vision.model.heads import (
 )
 from edge_vision.model.shape import Letterbox
 from edge_vision.model.spec import ModelSpec
-from edge_vision.tools.bench.sizes import TEXT_PHOTOS, our_input, photo_frame
-from edge_vision.tools.bench.yolo_post import yolo_v8_output
+from tests.support.reference import TEXT_PHOTOS, our_input, photo_frame
 
 torch = pytest.importorskip(
     "torch",
@@ -161,11 +161,11 @@ def test_class_aware_nms_never_lets_one_class_suppress_another() -> None:
 
 
 def test_the_yolo_post_bench_reads_the_same_detections_from_every_form(tmp_path: Path) -> None:
-    """``python -m edge_vision.tools.bench.yolo_post``: the host's v8 head on the whole output,
+    """``python -m benchmarks.yolo_post``: the host's v8 head on the whole output,
     on its best 1,024 anchors and on the device NMS's candidates finds the same detections
     when fewer anchors than that reach the threshold, and says how many bytes each form
     brings back (the device form ~110x fewer than the whole output)."""
-    from edge_vision.tools.bench.yolo_post import main
+    from benchmarks.yolo_post import main
 
     out = tmp_path / "yolo.json"
     assert main(["--objects", "20", "--frames", "3", "--rounds", "1", "--json", str(out)]) == 0

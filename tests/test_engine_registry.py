@@ -64,7 +64,7 @@ def test_the_cli_help_lists_every_kind(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_the_engine_active_series_has_every_kind() -> None:
-    metrics = Metrics()
+    metrics = Metrics(engine_kinds())
     metrics.set_engine("tensorrt", degraded=False, max_batch=8)
     text = metrics.render().decode()
     for kind in KINDS:

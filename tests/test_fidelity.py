@@ -31,7 +31,7 @@ from edge_vision.config import ModelConfig
 from edge_vision.model.heads import DbnetHead
 from edge_vision.model.shape import Fit, choose_input_shape, plan_for_frame
 from edge_vision.model.spec import ModelSpec, load_model_spec
-from edge_vision.tools.bench.sizes import (
+from tests.support.reference import (
     TEXT_PHOTOS,
     our_detections,
     photo_frame,
@@ -195,7 +195,7 @@ async def test_a_session_picks_a_larger_input_size_and_finds_small_text(
 
 
 def test_the_size_sweep_bench_reports_agreement_and_frames_per_second() -> None:
-    from edge_vision.tools.bench.sizes import markdown, sweep
+    from benchmarks.sizes import markdown, sweep
 
     rows = sweep([640], photos=("page.png",), threads=1, repeats=2, fits=("letterbox", "stretch"))
     assert [(r["fit"], r["input"]) for r in rows] == [
@@ -220,7 +220,7 @@ def test_model_fit_setting_picks_the_shape_stage_s_fit(fit: str, want: str) -> N
 
 
 def test_the_thread_count_bench_reports_frames_per_second_three_ways() -> None:
-    from edge_vision.tools.bench.threads import measure
+    from benchmarks.threads import measure
 
     got = measure(640, 2, seconds=0.3, rounds=1)
     assert got["input"] == "640x352"  # a 16:9 frame at the default fit (stretch)

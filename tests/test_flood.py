@@ -5,7 +5,7 @@ dropped at that rate, and a polite 2 fps client's p50 went 7.9x up. With
 ``session.max_messages_per_s`` the server stops reading a connection over its budget
 (TCP back-pressure), counts every frame it read and did not answer as dropped, and the
 polite client keeps being answered. The latency ratio is measured by
-``python -m edge_vision.tools.bench.flood`` (docs/benchmarks.md), not asserted here.
+``python -m benchmarks.flood`` (docs/benchmarks.md), not asserted here.
 """
 
 from __future__ import annotations

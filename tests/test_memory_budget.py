@@ -14,11 +14,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from benchmarks import soak
 from edge_vision.common.budget import FrameLedger, MemoryBudget, frame_cost
+from edge_vision.common.buffers import BufferPool
 from edge_vision.common.memory import freeze_startup_heap, release_to_system
 from edge_vision.errors import ClientError
-from edge_vision.frames.decode import BufferPool, check_decoded_limit, read_image_header
-from edge_vision.tools.bench import soak
+from edge_vision.frames.decode import check_decoded_limit, read_image_header
 
 from .support.clients import connect, frame_binary, recv
 from .support.images import jpeg, text_scene

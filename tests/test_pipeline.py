@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from edge_vision.frames.decode import BufferPool, DecodedFrame, Decoder, ImageHeader
+from edge_vision.common.buffers import BufferPool
+from edge_vision.common.messages import FrameMessage
+from edge_vision.frames.decode import DecodedFrame, Decoder, ImageHeader
 from edge_vision.frames.infer import SUPERSEDED, InferenceService
 from edge_vision.frames.pipeline import FramePipeline, FrameResult, FrameSettings
 from edge_vision.model.spec import ModelSpec
-from edge_vision.session.receive import FrameMessage
 
 from .support.images import text_scene
 from .support.server import make_config

@@ -35,13 +35,12 @@ from edge_vision.frames.read import (
     Recogniser,
     TextReader,
     TorchRecogniser,
-    default_recogniser_path,
     recogniser_batches,
 )
 from edge_vision.model.heads import DbnetHead
-from edge_vision.model.spec import ModelSpec
+from edge_vision.model.spec import ModelSpec, default_recogniser_path
 from edge_vision.serve.server import CONNECTIONS, PIPELINE
-from edge_vision.tools.bench.sizes import TEXT_PHOTOS, our_input, photo_frame
+from tests.support.reference import TEXT_PHOTOS, our_input, photo_frame
 
 from .support.assertions import iou
 from .support.clients import connect, frame_binary, recv_type

@@ -19,7 +19,7 @@ import pytest
 
 from edge_vision.common.aio import with_timeout
 from edge_vision.model.spec import ModelSpec
-from edge_vision.serve.server import STARTUP
+from edge_vision.serve.app_keys import STARTUP
 
 from .support.clients import connect, frame_binary, recv, recv_type
 from .support.images import text_scene

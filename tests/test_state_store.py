@@ -16,7 +16,8 @@ import pytest
 
 from edge_vision.config import StateConfig
 from edge_vision.errors import StateUnavailable
-from edge_vision.state.base import SessionWrite, StateStore, create_store
+from edge_vision.state import create_store
+from edge_vision.state.base import SessionWrite, StateStore
 from edge_vision.state.memory import MemoryStore
 from edge_vision.state.redis import RedisStore
 

@@ -30,11 +30,10 @@ from edge_vision.frames.read import (
     ReadStage,
     TextReader,
     _sample_crops,
-    default_recogniser_path,
     load_recogniser,
     recogniser_batches,
 )
-from edge_vision.model.spec import ModelSpec
+from edge_vision.model.spec import ModelSpec, default_recogniser_path
 
 from .support import mock_tensorrt
 from .support.mock_tensorrt import (

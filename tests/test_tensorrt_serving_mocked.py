@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edge_vision.common.messages import FrameMessage
 from edge_vision.engines import create_engine
-from edge_vision.frames.decode_batch import DeviceFrame
+from edge_vision.engines.device_frame import DeviceFrame
 from edge_vision.frames.infer import InferenceService
 from edge_vision.frames.pipeline import FramePipeline, FrameSettings
 from edge_vision.model.spec import ModelSpec
-from edge_vision.session.receive import FrameMessage
 
 from .support import mock_tensorrt
 from .support.images import text_scene

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge_vision.common.messages import FrameMessage
 from edge_vision.config import Config
 from edge_vision.engines import create_engine
 from edge_vision.frames.infer import InferenceService
 from edge_vision.frames.pipeline import FramePipeline, FrameSettings
 from edge_vision.model.spec import ModelSpec
-from edge_vision.session.receive import FrameMessage
 
 from .support.assertions import assert_same_boxes
 from .support.images import text_scene

@@ -27,7 +27,7 @@ import logging
 import time
 from functools import cache
 
-from ..frames.decode import BufferPool
+from .buffers import BufferPool
 
 log = logging.getLogger(__name__)
 

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..config import engine_kinds
-from ..frames.decode import BufferPool
 from .budget import KINDS, MemoryBudget
+from .buffers import BufferPool
 from .jetson_metrics import register_jetson_collector
 
 T = TypeVar("T")
@@ -49,7 +48,10 @@ def _loop_tasks() -> int:
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self) -> None:
+    def __init__(self, engine_kinds: Sequence[str] = ()) -> None:
+        """``engine_kinds``: every kind ``engine.kind`` accepts, so ``engine_active`` has a
+        series (0 or 1) for each (the config's :func:`~edge_vision.config.engine_kinds`)."""
+        self._engine_kinds = tuple(engine_kinds)
         r = self.registry = CollectorRegistry(auto_describe=True)
         self._extensions: dict[Callable[[CollectorRegistry], Any], Any] = {}
         p = "edge_vision_"
@@ -196,7 +198,7 @@ class Metrics:
         self.batch_wait_seconds.observe(wait_s)
 
     def set_engine(self, active: str | None, degraded: bool, max_batch: int) -> None:
-        for kind in engine_kinds():
+        for kind in {*self._engine_kinds, *([active] if active else [])}:
             self.engine_active.labels(kind).set(1 if kind == active else 0)
         self.engine_degraded.set(1 if degraded else 0)
         self.engine_max_batch.set(max_batch)

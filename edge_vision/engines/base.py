@@ -18,10 +18,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from ..common.buffers import Allocator
 from ..common.metrics import Metrics
 from ..config import Config, engine_sections
 from ..errors import EngineError
-from ..frames.decode import Allocator
 from ..model.spec import ModelSpec, decide_max_batch
 
 U8Array = npt.NDArray[np.uint8]

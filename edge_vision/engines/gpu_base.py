@@ -37,14 +37,14 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
+from ..common.buffers import Allocator
 from ..common.threads import role_pool
 from ..config import Config
 from ..errors import EngineError
-from ..frames.decode import Allocator
-from ..frames.decode_batch import DeviceFrame, wait_ready
 from ..model.spec import ModelSpec
 from .base import Engine, SlotPool, U8Array
 from .cuda import CudaEvent, CudaRuntime, CudaStream, open_runtime, use_blocking_sync
+from .device_frame import DeviceFrame, wait_ready
 
 
 @dataclass

@@ -31,7 +31,7 @@ event has completed (:class:`~edge_vision.engines.gpu_base.GpuEngine`), so no de
 write into memory an engine stream still has queued work on, even when the frame's caller
 is gone. The decoded full-size images, whose memory is nvImageCodec's, are held by the
 decoder until the letterbox that reads them has run. tests/gpu/test_decode_gpu.py checks
-that under concurrent load; ``python -m edge_vision.tools.bench.device_decode`` times each stage's
+that under concurrent load; ``python -m benchmarks.device_decode`` times each stage's
 host CPU a frame.
 """
 
@@ -52,17 +52,11 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from ..common.buffers import Allocator, BufferPool, numpy_allocator
+from ..engines.device_frame import DeviceFrame
 from ..errors import ClientError, ConfigError
 from ..model.shape import Letterbox, area_taps
-from .decode import Allocator, BufferPool, numpy_allocator
-from .decode_batch import (
-    DecodeRequest,
-    DeviceFrame,
-    HostBatchDecoder,
-    Outcome,
-    Prepared,
-    device_decodable,
-)
+from .decode_batch import DecodeRequest, HostBatchDecoder, Outcome, Prepared, device_decodable
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,9 @@ import numpy.typing as npt
 
 from ..common.aio import cancel_and_wait
 from ..common.budget import MemoryBudget
+from ..common.buffers import BufferPool, numpy_allocator
 from ..common.memory import keep_pool_trimmed
+from ..common.messages import FrameMessage
 from ..common.settings import FrameSettings as FrameSettings  # re-exported: what it runs with
 from ..common.threads import opencv_threads, role_pool
 from ..config import Config
@@ -49,14 +51,12 @@ from ..engines import Engine
 from ..errors import ClientError
 from ..model.heads import DbnetHead, Head, filter_classes
 from ..model.shape import Letterbox, letterbox_into, plan_for_frame
-from ..session.receive import FrameMessage, decode_base64
 from .decode import (
-    BufferPool,
     Decoder,
     check_decoded_limit,
     check_pixel_limit,
+    decode_base64,
     decoded_bytes,
-    numpy_allocator,
     pick_decoder,
     read_image_header,
 )

@@ -69,7 +69,7 @@ import numpy.typing as npt
 from ..common.threads import role_pool
 from ..config import Config
 from ..errors import ClientError, EngineError, ModelError
-from ..model.spec import rapidocr_model
+from ..model.spec import default_recogniser_path
 from .track import Tracker, TrackerSettings
 
 log = logging.getLogger(__name__)
@@ -81,12 +81,6 @@ IntArray = npt.NDArray[np.int64]
 #: The recogniser's input height (PP-OCR rec: 48) and nominal width (48×320).
 INPUT_HEIGHT = 48
 NOMINAL_WIDTH = 320
-DEFAULT_RECOGNISER = "PP-OCRv6_rec_small.onnx"
-
-
-def default_recogniser_path() -> Path:
-    """The recogniser shipped in the rapidocr wheel (the default detector's own)."""
-    return rapidocr_model(DEFAULT_RECOGNISER, "reading (unless read.model_path is set)")
 
 
 # -- CTC --------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from ..session.receive import FrameMessage
+    from ..common.messages import FrameMessage
     from .read import ReadText
 
 

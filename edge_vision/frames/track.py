@@ -32,7 +32,7 @@ call (about 60 calls an update) was most of an update's time at 2 boxes, and the
 were 12 % of the whole server's GIL time at 64 cameras on the H200 (py-spy,
 docs/bench-data/2026-12-03-h200-session10/call2/profile-gil.txt). Many boxes (a printed
 page) are paired by numpy, sweeping only the (detections × tracks) pairs that can overlap.
-On the 2-core machine (``python -m edge_vision.tools.bench.tracker``, docs/results.md) an update
+On the 2-core machine (``python -m benchmarks.tracker``, docs/results.md) an update
 takes 0.04 ms at 2 boxes (0.23 with arrays), 0.2 at 20 and about 1.8 at 300 (1.1 with
 arrays: the price of the few-box case, paid by pages of words).
 """

@@ -21,6 +21,8 @@ from ..errors import ModelError
 from .shape import Fit, InputLimits, Normalisation
 
 DEFAULT_MODEL_FILE = "PP-OCRv6_det_small.onnx"
+# The recogniser the rapidocr wheel ships beside it (reading: edge_vision.frames.read).
+DEFAULT_RECOGNISER = "PP-OCRv6_rec_small.onnx"
 
 Preset = Literal["ppocr_det", "yolo"]
 
@@ -199,3 +201,8 @@ def load_model_spec(cfg: ModelConfig) -> ModelSpec:
         head=head,
         batch_dim=dims[0],
     )
+
+
+def default_recogniser_path() -> Path:
+    """The recogniser shipped in the rapidocr wheel (the default detector's own)."""
+    return rapidocr_model(DEFAULT_RECOGNISER, "reading (unless read.model_path is set)")

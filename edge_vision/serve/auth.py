@@ -24,36 +24,27 @@ section 2.3), redacted by :func:`redact_url` wherever a URL is logged.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
 import hashlib
 import hmac
 import json
 import logging
-import os
 import re
-import secrets
-import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError
+from ..session.versions import QUERY_TOKEN, RESUME_ENTRY, TOKEN_ENTRY
 
 Scope = Literal["stream", "admin"]
 SCOPES: tuple[Scope, ...] = ("stream", "admin")
 
 TOKEN_PREFIX = "ev1"
-#: The one real subprotocol; a browser that offers credential entries must offer it too,
-#: because a browser fails a handshake whose answer names none of the offered entries.
-SUBPROTOCOL = "edge-vision"
-TOKEN_ENTRY = "edge-vision.token."
-RESUME_ENTRY = "edge-vision.resume."
-QUERY_TOKEN = "access_token"
 #: Query parameters that carry secrets: never logged as given.
 SECRET_QUERY_PARAMS = frozenset({QUERY_TOKEN, "resume", "token"})
 DEFAULT_SECRET_ENV = "EDGE_VISION_TOKEN_SECRET"
@@ -326,74 +317,3 @@ def install_log_redaction(logger: logging.Logger | None = None) -> None:
     for handler in (logger or logging.getLogger()).handlers:
         if not any(isinstance(f, RedactSecrets) for f in handler.filters):
             handler.addFilter(RedactSecrets())
-
-
-# -- the ``edge-vision token`` command -------------------------------------------------
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``8h``, ``30d`` as seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 15m, 8h, 30d)")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-
-
-def cmd_token(args: argparse.Namespace) -> int:
-    from ..cli import config_from_args
-
-    if args.new_secret:
-        print(secrets.token_urlsafe(48))
-        return 0
-    if args.new_api_key:
-        key = "evk_" + secrets.token_urlsafe(32)
-        print(key)
-        print(
-            f"# config entry: auth.api_keys: [{{name: {args.new_api_key}, "
-            f"sha256: {hash_api_key(key)}, scopes: [{', '.join(args.scope or ['stream'])}]}}]",
-            file=sys.stderr,
-        )
-        return 0
-    config = config_from_args(args)
-    a = config.auth
-    secret = read_token_secret(a.token_secret_file, a.token_secret_env, os.environ)
-    if secret is None:
-        raise ConfigError(
-            "no token secret: set auth.token_secret_file or the "
-            f"{config.auth.token_secret_env} environment variable"
-        )
-    if not args.subject:
-        raise ConfigError("edge-vision token needs --subject")
-    try:
-        token = mint_token(secret, args.subject, parse_duration(args.ttl), args.scope or ["stream"])
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    print(token)
-    return 0
-
-
-def register_cli(sub: Any) -> None:
-    from ..cli import add_config_args
-
-    p = sub.add_parser(
-        "token",
-        help="mint a signed access token (or a new secret / API key)",
-        description="Mint a signed, expiring access token with the node's token secret "
-        "(auth.token_secret_file or $EDGE_VISION_TOKEN_SECRET). docs/security.md.",
-    )
-    add_config_args(p)
-    p.add_argument("--subject", help="who the token is for, e.g. cam-3 or alice")
-    p.add_argument("--ttl", default="8h", help="lifetime: 90s, 15m, 8h, 30d (default 8h)")
-    p.add_argument(
-        "--scope",
-        action="append",
-        choices=SCOPES,
-        help="allowed scope, repeatable (default: stream)",
-    )
-    p.add_argument("--new-secret", action="store_true", help="print a fresh token secret")
-    p.add_argument(
-        "--new-api-key",
-        metavar="NAME",
-        help="print a fresh API key (stdout) and its config entry (stderr)",
-    )
-    p.set_defaults(func=cmd_token)

@@ -35,10 +35,10 @@ from typing import Any
 
 from aiohttp import web
 
+from .app_keys import STATE
+
 log = logging.getLogger(__name__)
 
-#: The app state key (``server.STATE``) where a worker counts the sockets handed to it.
-HANDED = "connections_handed"
 #: How long a hand-over may wait for room in a worker's queue before the next worker
 #: takes the connection (a worker's loop that stalled, or died).
 HAND_TIMEOUT_S = 1.0
@@ -242,15 +242,13 @@ def take_handed(
 ) -> Callable[[], None]:
     """Serve the connections the main process hands over ``handed_over`` on ``server``
     (the app runner's: graceful shutdown closes them as it closes any other), counting
-    them in the app's state (:data:`HANDED`, for the beats). Returns what stops taking."""
-    from .server import STATE
-
+    them in the app's state (``NodeState.handed``, for the beats). Returns what stops taking."""
     handed_over.setblocking(False)
-    app[STATE][HANDED] = 0
+    app[STATE].handed = 0
 
     def take() -> None:
         for sock in _receive(handed_over):
-            app[STATE][HANDED] += 1
+            app[STATE].handed += 1
             task = loop.create_task(loop.connect_accepted_socket(server, sock))
             task.add_done_callback(_log_failure)
 

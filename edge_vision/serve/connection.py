@@ -30,6 +30,7 @@ from aiohttp.http_websocket import WebSocketError
 from ..common.aio import cancel_and_wait, with_timeout, within
 from ..common.budget import FrameLedger, frame_cost, wait_for_room
 from ..common.close_codes import CloseCode
+from ..common.messages import FrameMessage
 from ..common.metrics import Metrics
 from ..config import Config, session_input_sizes
 from ..errors import ClientError, ModelError
@@ -40,7 +41,6 @@ from ..session import reply
 from ..session.core import SessionCore
 from ..session.receive import (
     ClientMessage,
-    FrameMessage,
     MessageBudget,
     PingMessage,
     SettingsMessage,

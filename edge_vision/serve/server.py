@@ -31,7 +31,7 @@ from ..common.aio import cancel_and_wait, with_timeout
 from ..common.close_codes import CloseCode
 from ..common.metrics import Metrics
 from ..common.settings import is_mode
-from ..config import Config, session_input_sizes
+from ..config import Config, engine_kinds, session_input_sizes
 from ..errors import ConfigError, EdgeVisionError, UnsupportedProtocol
 from ..frames.infer import InferenceService
 from ..frames.pipeline import FramePipeline
@@ -39,13 +39,28 @@ from ..model.spec import ModelSpec, load_model_spec
 from ..session import reply
 from ..session.receive import PROTOCOL_VERSION
 from ..session.record import MAX_FORWARDED_FOR, Session, new_session
-from ..session.versions import BASE_FEATURES, choose_protocol, refusal
+from ..session.versions import BASE_FEATURES, SUBPROTOCOL, choose_protocol, refusal
 from ..state import StateKeeper, create_store
 from . import auth
+from .app_keys import (
+    AUTH,
+    CONFIG,
+    CONNECTION_CTX,
+    CONNECTIONS,
+    FEATURES,
+    KEEPER,
+    LIMITS,
+    METRICS,
+    PIPELINE,
+    SERVICE,
+    STARTUP,
+    STATE,
+    TRUSTED_PROXIES,
+    NodeState,
+)
 from .connection import Connection, ConnectionContext, ConnectionDone
 from .limits import (
     ConnectionLimits,
-    IPNetwork,
     LimitExceeded,
     LimitsPolicy,
     client_address,
@@ -55,25 +70,8 @@ from .websocket import ECHO_PATH, echo_handler, websocket_response
 
 log = logging.getLogger(__name__)
 
-CONFIG = web.AppKey("config", Config)
-METRICS = web.AppKey("metrics", Metrics)
-SERVICE = web.AppKey("service", InferenceService)
-PIPELINE = web.AppKey("pipeline", FramePipeline)
-KEEPER = web.AppKey("keeper", StateKeeper)
-CONNECTIONS = web.AppKey("connections", dict[str, Connection])
-NODE = web.AppKey("node", dict[str, Any])
-STARTUP: web.AppKey[asyncio.Task[None]] = web.AppKey("startup")
-STATE = web.AppKey("state", dict[str, Any])
-CONNECTION_CTX = web.AppKey("connection_ctx", ConnectionContext)
-#: Optional features this node has, announced in hello (docs/protocol.md, "Versions"): a
-#: feature turned on by config is appended in create_app.
-FEATURES = web.AppKey("features", list[str])
-AUTH = web.AppKey("auth", auth.Authenticator)
-LIMITS = web.AppKey("limits", ConnectionLimits)
-TRUSTED_PROXIES = web.AppKey("trusted_proxies", list[IPNetwork])
-
 # Subprotocols a WebSocket of ours offers to echo (credential entries never are: auth.py).
-WS_PROTOCOLS = (auth.SUBPROTOCOL,)
+WS_PROTOCOLS = (SUBPROTOCOL,)
 #: Per-request: who ws_entry admitted, and a resume token sent as a subprotocol entry.
 PRINCIPAL = web.RequestKey("principal", auth.Principal)
 RESUME: web.RequestKey[str | None] = web.RequestKey("resume")
@@ -148,13 +146,13 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     app = request.app
     service, keeper = app[SERVICE], app[KEEPER]
-    startup = app[STATE].get("startup_error")
+    startup = app[STATE].startup_error
     unhealthy = await service.health()
     # With server.workers > 1 any worker may answer this probe, and the kernel hands new
     # sockets to any of them: the node is ready only once every worker is warm.
-    workers_warm = app[STATE].get("workers_warm", lambda: True)()
+    workers_warm = app[STATE].workers_warm()
     body = {
-        "ready": unhealthy is None and workers_warm and not app[STATE].get("stopping", False),
+        "ready": unhealthy is None and workers_warm and not app[STATE].stopping,
         "engine_problem": unhealthy,
         # Up but not serving as configured: on the fallback, or (engine.fallback none) the
         # engine failed to start or stopped answering; systemd's watchdog is still fed.
@@ -164,7 +162,7 @@ async def readyz(request: web.Request) -> web.Response:
         "engine": _engine_json(service),
         "state": keeper.status(),  # degraded state never makes the node unready
         "connections": len(app[CONNECTIONS]),
-        "node": app[NODE]["id"],
+        "node": app[STATE].node_id,
     }
     if app[LIMITS].full:  # a balancer should send new cameras elsewhere
         body["ready"] = False
@@ -209,7 +207,7 @@ async def api_engine_retry(request: web.Request) -> web.Response:
 
 
 async def index(request: web.Request) -> web.StreamResponse:
-    return web.FileResponse(request.app[STATE]["web_root"] / "index.html")  # 404 if absent
+    return web.FileResponse(request.app[STATE].web_root / "index.html")  # 404 if absent
 
 
 async def ws_entry(request: web.Request) -> web.StreamResponse:
@@ -271,7 +269,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
         raise web.HTTPBadRequest(
             text=json.dumps(refusal(e)) + "\n", content_type="application/json"
         ) from None
-    if app[STATE].get("stopping"):
+    if app[STATE].stopping:
         raise web.HTTPServiceUnavailable(text="server is shutting down\n")
     if not service.status.ready:
         raise web.HTTPServiceUnavailable(
@@ -302,7 +300,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
             await old.close(CloseCode.SUPERSEDED, "session resumed elsewhere", "superseded")
     if session is None:
         session = new_session(
-            app[NODE]["id"],
+            app[STATE].node_id,
             cfg.session.default_mode,
             cfg.model.confidence,
             request.remote or "",
@@ -353,7 +351,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
                     "message_burst": cfg.session.message_burst,
                 },
                 counters=session.counters(),
-                node_id=app[NODE]["id"],
+                node_id=app[STATE].node_id,
                 protocol=protocol.number,
                 features=features,
             )
@@ -383,14 +381,14 @@ async def _start_engine(app: web.Application) -> None:
     try:
         await app[SERVICE].start()
     except EdgeVisionError as e:
-        app[STATE]["startup_error"] = str(e)
+        app[STATE].startup_error = str(e)
         log.error("engine failed to start: %s", e)
         raise
     service = app[SERVICE]
     app[METRICS].set_engine(service.status.active, service.status.degraded, service.max_batch)
     # A serving process's own step once its engine is warm (workers.py freezes the start-up
     # heap): here, before the loop runs anything else, so no session is part of it.
-    on_started = app[STATE].get("on_engine_started")
+    on_started = app[STATE].on_engine_started
     if on_started is not None:
         on_started()
 
@@ -408,7 +406,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 async def _on_shutdown(app: web.Application) -> None:
     """Stop accepting; answer frames in flight; close sockets with 1001 and a resume hint."""
-    app[STATE]["stopping"] = True
+    app[STATE].stopping = True
     conns = list(app[CONNECTIONS].values())
     grace = app[CONFIG].server.shutdown_grace_s
     try:
@@ -446,7 +444,7 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     logging.getLogger("edge_vision").setLevel(config.logging.level.upper())
     auth.install_log_redaction()  # whoever logs, no line carries a credential
     spec = spec or load_model_spec(config.model)
-    metrics = Metrics()
+    metrics = Metrics(engine_kinds())
     service = InferenceService(spec, config, metrics=metrics)
     pipeline = FramePipeline(config, service)
     metrics.watch_memory(pipeline.budget, pipeline.pool)
@@ -467,9 +465,8 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     app[FEATURES] += ["track", "input_size"]
     if config.read.enabled:  # since protocol 2: settings.read (read.py)
         app[FEATURES].append("read")
-    app[STATE] = {"web_root": config.server.web_root or REPO_WEB}
     started = time.time()
-    app[NODE] = {"id": node_id, "started": started}
+    app[STATE] = NodeState(node_id, started, Path(config.server.web_root or REPO_WEB))
 
     def node_record() -> dict[str, str]:
         st = service.status
@@ -533,20 +530,7 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     app.router.add_get("/api/nodes", api_nodes)
     app.router.add_post("/api/engine/retry", api_engine_retry)
     app.router.add_get("/", index)
-    web_root = app[STATE]["web_root"]
+    web_root = app[STATE].web_root
     if Path(web_root).is_dir():
         app.router.add_static("/static/", web_root, follow_symlinks=False)
     return app
-
-
-def run_server(config: Config) -> None:
-    """Serve until SIGINT/SIGTERM, telling systemd READY/WATCHDOG/STATUS/STOPPING.
-
-    With ``server.workers`` > 1, that many processes serve the port, each with its own
-    event loop and engine, under a parent that speaks for the node and hands each new
-    connection to the worker with the fewest clients (``server.worker_balance``): the
-    contract and the supervisor live in edge_vision/serve/workers.py, the hand-over in
-    edge_vision/serve/balance.py."""
-    from .workers import run_node
-
-    run_node(config)

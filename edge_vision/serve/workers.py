@@ -45,7 +45,9 @@ from ..common import systemd
 from ..common.aio import cancel_and_wait, with_timeout
 from ..config import Config, ServerConfig
 from ..errors import ConfigError
-from .balance import HANDED, Balancer, take_handed
+from .app_keys import CONNECTIONS, METRICS, SERVICE, STARTUP, STATE
+from .balance import Balancer, take_handed
+from .server import create_app
 
 log = logging.getLogger(__name__)
 
@@ -241,12 +243,11 @@ class WorkerReporter:
         app.cleanup_ctx.append(ctx)
 
     def beat_of(self, app: web.Application) -> WorkerBeat:
-        from .server import CONNECTIONS, METRICS, SERVICE, STARTUP, STATE
 
         st = app[SERVICE].status
         startup = app.get(STARTUP)
         started = startup is not None and startup.done()
-        startup_error = app[STATE].get("startup_error")
+        startup_error = app[STATE].startup_error
         if startup_error:
             problem: str | None = f"engine {st.configured} failed to start: {startup_error}"
         elif st.degraded:
@@ -265,11 +266,10 @@ class WorkerReporter:
             problem=problem,
             clients=len(app[CONNECTIONS]),
             answered=answered or 0.0,
-            received=int(app[STATE].get(HANDED, 0)),
+            received=app[STATE].handed,
         )
 
     async def _beat(self, app: web.Application, on_warm: Callable[[], object] | None) -> None:
-        from .server import STARTUP
 
         warm_reported = False
         while True:
@@ -285,7 +285,6 @@ class WorkerReporter:
         """Ask the engine whether it serves (e.g. Triton's model readiness) now and then.
 
         Off the beat's path: a slow answer must not delay the beat."""
-        from .server import SERVICE, STARTUP
 
         service = app[SERVICE]
         while True:
@@ -303,7 +302,12 @@ class WorkerReporter:
 
 
 def run_node(config: Config) -> None:
-    """Serve until SIGTERM/SIGINT with the systemd contract above, one worker or many."""
+    """Serve until SIGINT/SIGTERM, telling systemd READY/WATCHDOG/STATUS/STOPPING.
+
+    With ``server.workers`` > 1, that many processes serve the port, each with its own
+    event loop and engine, under a parent that speaks for the node and hands each new
+    connection to the worker with the fewest clients (``server.worker_balance``,
+    :mod:`.balance`)."""
     if config.server.workers > 1:
         _run_workers(config)
         return
@@ -328,13 +332,12 @@ def _serve(
     on_warm: Callable[[], object] | None = None,
     workers_warm: Callable[[], bool] | None = None,
 ) -> None:
-    from .server import STATE, create_app
 
     _tune_process(config.server)
     app = create_app(config)
     if workers_warm is not None:
-        app[STATE]["workers_warm"] = workers_warm
-    app[STATE]["on_engine_started"] = _settle_heap
+        app[STATE].workers_warm = workers_warm
+    app[STATE].on_engine_started = _settle_heap
     reporter.attach(app, on_warm)
     if on_stop is not None:
 

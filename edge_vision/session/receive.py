@@ -14,18 +14,18 @@ event loop, and only for frames that are actually served (latest-wins drops are 
 
 from __future__ import annotations
 
-import binascii
 import math
 import struct
-from base64 import b64decode, b64encode
+from base64 import b64encode
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from ..common.messages import FrameId, FrameMessage
 from ..common.settings import Mode, is_mode
 from ..errors import ClientError
-from ..frames.decode import check_pixel_limit, read_image_header
+from ..frames.decode import check_pixel_limit, decode_base64, read_image_header
 
 #: The version this release speaks by default; SUPPORTED_VERSIONS are all it serves (the
 #: current and the previous one). What differs between them: edge_vision/session/versions.py.
@@ -33,19 +33,6 @@ PROTOCOL_VERSION = 2
 SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2)
 BINARY_HEADER_MAX = 64 * 1024
 _LEN = struct.Struct(">I")
-
-FrameId = int | str
-
-
-@dataclass(frozen=True, slots=True)
-class FrameMessage:
-    """One camera frame as received; ``image`` is still encoded."""
-
-    id: FrameId
-    ts: float | int | None
-    image: bytes
-    image_is_base64: bool
-    received_at: float  # time.perf_counter() when the message arrived
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,14 +155,6 @@ class MessageBudget:
         self._at = now
         self._tokens -= 1.0
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
-
-
-def decode_base64(payload: bytes) -> bytes:
-    """Strict base64 (RFC 4648 section 4); anything else is ``bad_base64``."""
-    try:
-        return b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise ClientError("bad_base64", f"'image' is not valid base64: {e}") from None
 
 
 def _settings(obj: dict[str, Any]) -> SettingsMessage:

@@ -12,9 +12,10 @@ from typing import Any
 
 import orjson
 
+from ..common.messages import FrameId
 from ..errors import ClientError
 from ..frames.results import FrameResult
-from .receive import PROTOCOL_VERSION, SUPPORTED_VERSIONS, FrameId
+from .receive import PROTOCOL_VERSION, SUPPORTED_VERSIONS
 
 
 def _dumps(obj: Mapping[str, Any]) -> str:

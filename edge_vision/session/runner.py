@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from ..common.aio import cancel_and_wait
+from ..common.messages import FrameMessage
 from ..common.metrics import Metrics
 from ..common.settings import Mode
 from ..errors import ClientError, EngineError
@@ -36,7 +37,6 @@ from ..frames.infer import Superseded
 from ..frames.pipeline import FramePipeline, FrameResult, FrameSettings
 from ..frames.read import SessionReading
 from .core import Action, Drop, Process, Release, Send, SessionCore, Ticket
-from .receive import FrameMessage
 
 log = logging.getLogger(__name__)
 

@@ -116,3 +116,13 @@ def refusal(err: UnsupportedProtocol) -> dict[str, Any]:
         "protocols": list(err.supported),
         "protocol": PROTOCOL_VERSION,
     }
+
+
+# -- the handshake's names (docs/protocol.md, "Authentication") --------------------------
+
+#: The one real subprotocol; a browser that offers credential entries must offer it too,
+#: because a browser fails a handshake whose answer names none of the offered entries.
+SUBPROTOCOL = "edge-vision"
+TOKEN_ENTRY = "edge-vision.token."
+RESUME_ENTRY = "edge-vision.resume."
+QUERY_TOKEN = "access_token"

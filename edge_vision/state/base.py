@@ -19,8 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..config import StateConfig
-
 Record = dict[str, str]
 WriteKind = Literal["live", "released", "ended"]
 
@@ -104,14 +102,3 @@ class StateStore(ABC):
     @abstractmethod
     async def node_sessions(self, node_id: str) -> set[str]:
         """Ids in the node's session set (empty once the node's TTL ran out)."""
-
-
-def create_store(cfg: StateConfig) -> StateStore:
-    """:class:`RedisStore` when ``state.redis_url`` is set, else the in-process store."""
-    if cfg.redis_url:
-        from .redis import RedisStore
-
-        return RedisStore.from_config(cfg)
-    from .memory import MemoryStore
-
-    return MemoryStore()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, cli_overrides, load_config
+from .args import setup_logging
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -149,7 +150,6 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
     config = config_for_build(args)
     from tqdm import tqdm
 
-    from ..cli import setup_logging
     from ..engines.tensorrt import build_for_config, profile_for, validate_build_settings
     from ..model.spec import decide_max_batch, load_model_spec
 

@@ -45,6 +45,7 @@ import numpy.typing as npt
 
 from .. import __version__
 from ..config import Config
+from .args import add_config_args, config_from_args, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -675,11 +676,11 @@ def _as_byte_maps(got: np.ndarray, ref: np.ndarray, threshold: float) -> tuple[A
 async def _serve_one_frame(config: Config, bgr: U8Array, jpeg: bytes) -> dict[str, Any]:
     """One engine, one real frame: its raw output on the letterboxed frame and the
     detections the service answers for the JPEG (decoder, letterbox, engine, head)."""
+    from ..common.messages import FrameMessage
     from ..frames.infer import InferenceService
     from ..frames.pipeline import FramePipeline, FrameSettings
     from ..model.shape import letterbox_into, plan_for_frame
     from ..model.spec import load_model_spec
-    from ..session.receive import FrameMessage
 
     spec = await asyncio.to_thread(load_model_spec, config.model)
     lb = plan_for_frame(bgr.shape[1], bgr.shape[0], spec.limits)
@@ -792,8 +793,6 @@ def report(checks: Sequence[Check], config: Config) -> dict[str, Any]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..cli import config_from_args, setup_logging
-
     config = config_from_args(args)
     setup_logging("WARNING" if not args.verbose else "INFO")
     options = DoctorOptions(
@@ -815,8 +814,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def register_cli(subparsers: Any) -> None:
     """``edge-vision doctor`` (picked up by :mod:`edge_vision.cli`)."""
-    from ..cli import add_config_args
-
     p = subparsers.add_parser(
         "doctor",
         help="check this board: JetPack, CUDA, TensorRT, engines against ONNX Runtime",

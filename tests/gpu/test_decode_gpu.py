@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import simplejpeg
 
+from edge_vision.common.messages import FrameMessage
 from edge_vision.config import Config
 from edge_vision.errors import ClientError
 from edge_vision.frames.decode_batch import DecodeRequest, Prepared
@@ -22,7 +23,6 @@ from edge_vision.frames.infer import InferenceService
 from edge_vision.frames.pipeline import FramePipeline, FrameSettings
 from edge_vision.model.shape import letterbox_into
 from edge_vision.model.spec import ModelSpec
-from edge_vision.session.receive import FrameMessage
 
 from ..support.assertions import iou
 from ..support.images import text_scene

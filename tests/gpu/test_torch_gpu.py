@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.yolo_post import yolo_v8_output
+from edge_vision.common.messages import FrameMessage
 from edge_vision.config import Config
 from edge_vision.engines import create_engine
 from edge_vision.frames.infer import InferenceService
@@ -18,8 +20,6 @@ from edge_vision.frames.pipeline import FramePipeline, FrameSettings
 from edge_vision.model.heads import NMS_UNDECIDED, YoloV8Head, db_map_levels, yolo_v8_device_nms
 from edge_vision.model.shape import Letterbox
 from edge_vision.model.spec import ModelSpec
-from edge_vision.session.receive import FrameMessage
-from edge_vision.tools.bench.yolo_post import yolo_v8_output
 
 from ..support.assertions import assert_same_boxes, iou
 from ..support.images import text_scene

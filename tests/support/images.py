@@ -60,7 +60,8 @@ def text_scene(
     boxes: list[Box] = []
     for text, (x, y) in texts:
         draw.text((x, y), text, font=font, fill=(12, 12, 16))
-        boxes.append(tuple(float(v) for v in draw.textbbox((x, y), text, font=font)))  # type: ignore[misc]
+        x1, y1, x2, y2 = draw.textbbox((x, y), text, font=font)
+        boxes.append((float(x1), float(y1), float(x2), float(y2)))
     return Scene(np.asarray(im), boxes)
 
 

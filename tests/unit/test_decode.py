@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edge_vision.common.buffers import BufferPool
 from edge_vision.errors import ClientError
 from edge_vision.frames.decode import (
-    BufferPool,
     DecodedFrame,
     Decoder,
     ImageHeader,

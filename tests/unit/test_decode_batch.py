@@ -25,24 +25,23 @@ import pytest
 import simplejpeg
 from PIL import Image
 
+from edge_vision.common.messages import FrameMessage
 from edge_vision.common.metrics import Metrics
+from edge_vision.engines.device_frame import DeviceFrame, wait_ready
 from edge_vision.errors import ClientError
 from edge_vision.frames.decode_batch import (
     BatchDecoder,
     DecodeBatcher,
     DecodeRequest,
-    DeviceFrame,
     Prepared,
     device_decodable,
     jpeg_kind,
-    wait_ready,
 )
 from edge_vision.frames.decode_gpu import CudaBatchDecoder
 from edge_vision.frames.infer import InferenceService
 from edge_vision.frames.pipeline import FramePipeline
 from edge_vision.model.shape import letterbox_into
 from edge_vision.model.spec import ModelSpec
-from edge_vision.session.receive import FrameMessage
 
 from ..support.images import blank_scene, text_scene
 from ..support.server import make_config
@@ -697,11 +696,11 @@ def test_mock_opencv_runs_one_thread_while_a_cuda_engine_serves(
 def test_device_decode_bench_times_the_letterbox_a_frame_on_torch_s_cpu_device(
     tmp_path: Path,
 ) -> None:
-    """``python -m edge_vision.tools.bench.device_decode`` without a GPU: the letterbox stage at
+    """``python -m benchmarks.device_decode`` without a GPU: the letterbox stage at
     each batch size asked for, per frame, with the driver's and the other threads' CPU; the
     GPU stages (decode, decode_batch) only where there is a GPU to time them on."""
     pytest.importorskip("torch", reason="the device letterbox runs on torch")
-    from edge_vision.tools.bench.device_decode import main
+    from benchmarks.device_decode import main
 
     out = tmp_path / "dd.json"
     main(["--batches", "1", "2", "--seconds", "0.05", "--device", "cpu", "--json", str(out)])

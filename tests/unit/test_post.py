@@ -180,10 +180,10 @@ def test_the_unclip_gives_the_reference_s_clipper_rectangle_on_rotated_boxes() -
 def test_the_post_bench_decodes_float_and_byte_maps_as_a_git_revision_does(
     tmp_path: Path,
 ) -> None:
-    """``python -m edge_vision.tools.bench.post``: the same detections as post.py at HEAD on
+    """``python -m benchmarks.post``: the same detections as post.py at HEAD on
     maps with lines to find, from the float map and from a GPU engine's byte map."""
     pytest.importorskip("torch", reason="the bench makes byte maps with post.db_map_bytes")
-    from edge_vision.tools.bench.post import main
+    from benchmarks.post import main
 
     out = tmp_path / "post.json"
     args = ["--boxes", "2", "30", "--maps", "3", "--rounds", "1", "--baseline", "HEAD"]

@@ -7,12 +7,12 @@ import struct
 
 import pytest
 
+from edge_vision.common.messages import FrameMessage
 from edge_vision.errors import ClientError
+from edge_vision.frames.decode import decode_base64
 from edge_vision.session.receive import (
-    FrameMessage,
     PingMessage,
     SettingsMessage,
-    decode_base64,
     encode_binary_frame,
     encode_json_frame,
     parse_binary,

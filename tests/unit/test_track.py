@@ -158,7 +158,7 @@ def test_three_hundred_words_keep_their_ids_and_an_update_costs_a_few_ms() -> No
 
 
 def test_the_tracker_bench_times_the_current_and_a_git_revision_s_tracker(tmp_path: Path) -> None:
-    from edge_vision.tools.bench.tracker import main
+    from benchmarks.tracker import main
 
     out = tmp_path / "tracker.json"
     args = ["--boxes", "1", "40", "--frames", "6", "--rounds", "1", "--baseline", "HEAD"]

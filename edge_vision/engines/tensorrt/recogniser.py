@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from ...config import Config
 from ...errors import EngineError, ModelError
-from ...model.spec import file_sha256
+from ...model.spec import default_recogniser_path, file_sha256
 from ..cuda import CudaRuntime, open_runtime
 from .build import (
     BuildResult,
@@ -167,8 +167,6 @@ def build_recogniser_for_config(
 ) -> PlanReady:
     """What ``edge-vision build-engine --read`` runs: the recogniser's plan (``read.model_path``
     or the wheel's), TensorRT and the CUDA device opened here."""
-    from ...frames.read import default_recogniser_path
-
     path = config.read.model_path or default_recogniser_path()
     if not path.is_file():
         raise ModelError(f"recogniser model {path} does not exist")

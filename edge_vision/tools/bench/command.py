@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...cli import add_config_args, config_from_args
 from ...common.settings import MODES
+from ..args import add_config_args, config_from_args, setup_logging
 from . import __doc__ as _DOC
 from .servers import ONE_ADDRESS_SETS, SERVER_READY_S, Server, free_port, machine, serve_argv
 
@@ -366,8 +366,6 @@ def _plots(out: Path, runs: list[dict[str, Any]]) -> list[Path]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ...cli import setup_logging
-
     if args.one_server and args.compare:
         # the baseline would be timed beside a resident server of ours
         print("bench: --one-server and --compare cannot go together", file=sys.stderr)

@@ -16,6 +16,7 @@ import orjson
 
 from ...common.sources import Cut
 from ...errors import EdgeVisionError
+from ..args import add_config_args, config_from_args, setup_logging
 from .options import ReplayError, ReplayOptions
 from .run import replay
 from .writers import format_summary
@@ -51,8 +52,6 @@ def _seconds(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ...cli import add_config_args
-
     p.add_argument(
         "input", metavar="INPUT", help="video file, folder of images, rtsp/http URL or camera index"
     )
@@ -155,8 +154,6 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """The command: run, print the summary, write --summary-json; raises on failure."""
-    from ...cli import config_from_args, setup_logging
-
     opts = options_from_args(args)
     config = config_from_args(args)
     setup_logging(config.logging.level)

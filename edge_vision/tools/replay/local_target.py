@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from ...common.messages import FrameMessage
 from ...common.settings import Mode
 from ...errors import ClientError
-from ...session.receive import FrameMessage
 from .books import Encoded, Outcome
 from .options import ReplayError
 from .target import Deliver

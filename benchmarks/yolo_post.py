@@ -15,7 +15,7 @@ Outputs are synthetic (:func:`yolo_v8_output`: no YOLO weights exist on this mac
 ``N`` objects a frame (5, 40, 150 by default), each a cluster of overlapping anchors; the
 device form is made by the same torch function on the CPU, so this needs torch. Run::
 
-    python -m edge_vision.tools.bench.yolo_post [--objects 5 40 150] [--frames 20] [--rounds 5]
+    python -m benchmarks.yolo_post [--objects 5 40 150] [--frames 20] [--rounds 5]
         [--confidence 0.25] [--json out.json]
 
 Prints, for each form, the median and p90 milliseconds a frame (wall and thread CPU),
@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...model import heads as post
-from ...model.shape import Letterbox
+from edge_vision.model import heads as post
+from edge_vision.model.shape import Letterbox
+
 from .versions import timing_row
 
 F32Array = npt.NDArray[np.float32]

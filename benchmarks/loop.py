@@ -1,6 +1,6 @@
 """Event-loop bench: the server's CPU per WebSocket message with each ``server.event_loop``.
 
-    python -m edge_vision.tools.bench.loop [--clients 16] [--messages 400] [--bytes 90000]
+    python -m benchmarks.loop [--clients 16] [--messages 400] [--bytes 90000]
         [--rounds 3] [--loops asyncio,uvloop] [--json out.json]
 
 A serving worker runs its sockets, callbacks and timers on one interpreter, beside its
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .load import cpu_seconds
-from .servers import Server, free_port, medians, serve_argv, write_report
+from edge_vision.tools.bench.load import cpu_seconds
+from edge_vision.tools.bench.servers import Server, free_port, medians, serve_argv, write_report
 
 
 async def _drive(url: str, clients: int, messages: int, size: int) -> int:
@@ -85,7 +85,7 @@ def one_round(loop: str, args: argparse.Namespace, logs: Path) -> dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m edge_vision.tools.bench.loop",
+        prog="python -m benchmarks.loop",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -11,7 +11,7 @@ by the same torch function on the CPU, so the byte maps need torch). With
 one version after the other on each round's maps, and its detections and their rotated
 rectangles are compared with the current ones. Run::
 
-    python -m edge_vision.tools.bench.post [--boxes 2 20 100] [--maps 40] [--rounds 5]
+    python -m benchmarks.post [--boxes 2 20 100] [--maps 40] [--rounds 5]
         [--baseline REV] [--opencv-threads N] [--gap-ms MS] [--json out.json]
 
 Prints the median and p90 milliseconds per frame, wall clock and the process's CPU time:
@@ -32,8 +32,9 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from ...model import heads as post
-from ...model.shape import plan_letterbox
+from edge_vision.model import heads as post
+from edge_vision.model.shape import plan_letterbox
+
 from .versions import add_version_arguments, timing_cells, timing_row, versions_to_run
 
 F32Array = npt.NDArray[np.float32]

@@ -1,7 +1,7 @@
 """Soak: N clients for M minutes, good and hostile traffic mixed, the server watched (issue 12).
 
-    python -m edge_vision.tools.bench.soak --minutes 10 --cameras 6 --hostile 10
-    python -m edge_vision.tools.bench.soak --minutes 1 --url ws://host:8080/ws --pid 1234
+    python -m benchmarks.soak --minutes 10 --cameras 6 --hostile 10
+    python -m benchmarks.soak --minutes 1 --url ws://host:8080/ws --pid 1234
 
 Starts ``edge-vision serve`` (or targets ``--url``; give ``--pid`` to watch its memory)
 and runs, in this process:
@@ -36,9 +36,9 @@ from typing import Any
 
 import aiohttp
 
-from ...session.receive import encode_binary_frame, encode_json_frame
-from .servers import Server, free_port, machine, serve_argv
-from .stats import summary
+from edge_vision.session.receive import encode_binary_frame, encode_json_frame
+from edge_vision.tools.bench.servers import Server, free_port, machine, serve_argv
+from edge_vision.tools.bench.stats import summary
 
 HOSTILE_KINDS = (
     "bad_json",
@@ -295,7 +295,7 @@ def _table(samples: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m edge_vision.tools.bench.soak",
+        prog="python -m benchmarks.soak",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="JSON report (default bench-results/soak-<time>.json)")
     args = ap.parse_args(argv)
 
-    from .frames import encode_jpegs, generated_frames
+    from edge_vision.tools.bench.frames import encode_jpegs, generated_frames
 
     jpegs = encode_jpegs(generated_frames(640, 360, 20), 80)
     out = args.out or Path("bench-results") / time.strftime("soak-%Y%m%d-%H%M%S.json")

@@ -1,5 +1,5 @@
 """What the micro-benchmarks that time one module against its older self share
-(edge_vision.tools.bench.tracker, edge_vision.tools.bench.post): the module as it was at a git
+(benchmarks.tracker, benchmarks.post): the module as it was at a git
 revision, the versions to run, and the figures of one row."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ alike:
 Engine only (no decode, no post, no server): it tells which way the cores give more frames
 per second, not what a loaded server answers. Run::
 
-    python -m edge_vision.tools.bench.threads [--size 640] [--threads 2] [--seconds 8] [--rounds 3]
+    python -m benchmarks.threads [--size 640] [--threads 2] [--seconds 8] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from ...config import ModelConfig
-from ...model.shape import choose_input_shape
-from ...model.spec import load_model_spec
+from edge_vision.config import ModelConfig
+from edge_vision.model.shape import choose_input_shape
+from edge_vision.model.spec import load_model_spec
 
 
 def _session(path: str, threads: int) -> Any:

@@ -1,7 +1,7 @@
 """Hand-off bench: what passing frames to another process of the node costs the host, a
 frame, by how many frames one message carries.
 
-    python -m edge_vision.tools.bench.handoff [--frames 20000] [--batches 1,2,4,8,16]
+    python -m benchmarks.handoff [--frames 20000] [--batches 1,2,4,8,16]
         [--bytes 90000] [--reply-bytes 225280] [--rounds 3] [--json out.json]
 
 The lever left for issue 11 (docs/benchmarks.md, 2026-12-03 "morning") is one process a
@@ -38,7 +38,7 @@ from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
-from .servers import medians, write_report
+from edge_vision.tools.bench.servers import medians, write_report
 
 _COUNT = struct.Struct("<I")
 _CPU = struct.Struct("<d")
@@ -168,7 +168,7 @@ def one_round(batch: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m edge_vision.tools.bench.handoff",
+        prog="python -m benchmarks.handoff",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,7 +1,7 @@
 """The service's own CPU a frame, with the model's cost taken out: what a frame costs the
 host beyond the engine, measured on any machine.
 
-    python -m edge_vision.tools.bench.overhead [--cameras 8] [--fps 15] [--duration 30]
+    python -m benchmarks.overhead [--cameras 8] [--fps 15] [--duration 30]
         [--rounds 3] [--variants "base:;uvloop:--set server.event_loop=uvloop"]
         [--json out.json]
 
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from .servers import medians, stop_process, write_report
+from edge_vision.tools.bench.servers import medians, stop_process, write_report
 
 #: Thread roles that run the engine itself (ONNX Runtime's runner thread): left out of
 #: ``service_ms``.
@@ -84,15 +84,15 @@ def write_stand_in_model(path: Path) -> Path:
 def stand_in_boxes_a_frame(model: Path, frames: int = 4) -> float:
     """The detections a frame the stand-in gives on the bench's own frames (JPEG round
     trip, then the service's shape stage, the model and its DB head at the default
-    confidence: :func:`~edge_vision.tools.bench.sizes.our_detections`): what the service's
+    confidence: :func:`~benchmarks.sizes.our_detections`): what the service's
     post-processing, tracker and replies carry."""
     import cv2
     import onnxruntime as ort
 
-    from ...config import ModelConfig
-    from ...model.spec import load_model_spec
-    from .frames import encode_jpegs, generated_frames
-    from .sizes import our_detections
+    from edge_vision.config import ModelConfig
+    from edge_vision.model.spec import load_model_spec
+    from edge_vision.tools.bench.frames import encode_jpegs, generated_frames
+    from tests.support.reference import our_detections
 
     spec = load_model_spec(ModelConfig(path=model))
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
@@ -169,7 +169,7 @@ def one_run(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m edge_vision.tools.bench.overhead",
+        prog="python -m benchmarks.overhead",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

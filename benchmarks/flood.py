@@ -1,7 +1,7 @@
 """Flood bench: what one flooding connection costs a polite camera (issue 12).
 
-    python -m edge_vision.tools.bench.flood --duration 20                  # the default run
-    python -m edge_vision.tools.bench.flood --flooders 2 --set engine.onnxruntime.threads=2
+    python -m benchmarks.flood --duration 20                  # the default run
+    python -m benchmarks.flood --flooders 2 --set engine.onnxruntime.threads=2
 
 Three runs of ``--duration`` seconds, each against a fresh ``edge-vision serve`` process:
 
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .servers import Server, free_port, serve_argv
+from edge_vision.tools.bench.servers import Server, free_port, serve_argv
 
 
 def _run(
@@ -41,8 +41,8 @@ def _run(
     flooders: int,
     out: Path,
 ) -> dict[str, Any]:
-    from .load import CameraPlan, run_cameras
-    from .stats import summary
+    from edge_vision.tools.bench.load import CameraPlan, run_cameras
+    from edge_vision.tools.bench.stats import summary
 
     port = free_port()
     argv = serve_argv(port)
@@ -97,7 +97,7 @@ def _run(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m edge_vision.tools.bench.flood",
+        prog="python -m benchmarks.flood",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="output folder (default bench-results/flood-<time>)")
     args = ap.parse_args(argv)
 
-    from .frames import encode_jpegs, generated_frames
-    from .servers import machine
+    from edge_vision.tools.bench.frames import encode_jpegs, generated_frames
+    from edge_vision.tools.bench.servers import machine
 
     width, height = (int(v) for v in args.resolution.lower().split("x"))
     jpegs = encode_jpegs(generated_frames(width, height, args.frames), 80)

@@ -1,6 +1,6 @@
 """How evenly a node's worker processes share cameras (``server.worker_balance``).
 
-    python -m edge_vision.tools.bench.balance --workers 12 --cameras 64 --rounds 5 --json out.json
+    python -m benchmarks.balance --workers 12 --cameras 64 --rounds 5 --json out.json
 
 For each way of spreading connections (``reuse-port``: the kernel's SO_REUSEPORT hash;
 ``least-clients``: the node's main process hands each to the worker with the fewest), one
@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from .servers import ONE_ADDRESS_SETS, Server, free_port, serve_argv
+from edge_vision.tools.bench.servers import ONE_ADDRESS_SETS, Server, free_port, serve_argv
 
 MODES = ("reuse-port", "least-clients")
 

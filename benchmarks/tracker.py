@@ -8,7 +8,7 @@ few boxes missed per frame; each clip is fed frame by frame to a fresh tracker a
 revision is loaded beside the current one and both run the same clips, interleaved clip by
 clip so a loaded machine's noise falls on both alike; their ids are compared too. Run::
 
-    python -m edge_vision.tools.bench.tracker [--boxes 1 20 300] [--frames 60] [--rounds 5]
+    python -m benchmarks.tracker [--boxes 1 20 300] [--frames 60] [--rounds 5]
         [--baseline REV] [--json out.json]
 
 Prints the median and p90 milliseconds per update, wall clock and the thread's CPU time (on
@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...frames import track
+from edge_vision.frames import track
+
 from .versions import add_version_arguments, timing_cells, timing_row, versions_to_run
 
 F64Array = npt.NDArray[np.float64]

@@ -21,7 +21,7 @@ Without CUDA (``--device cpu``, the CI machine) only the letterbox runs, on torc
 device, decoded by libjpeg-turbo: the same code the device runs, not the device's
 figures. Run::
 
-    python -m edge_vision.tools.bench.device_decode [--batches 1 2 3 4 8 16] [--seconds 1.5]
+    python -m benchmarks.device_decode [--batches 1 2 3 4 8 16] [--seconds 1.5]
         [--libraries nvimgcodec torchvision] [--cpu-threads 1 2] [--device cuda:0]
         [--json out.json]
 """
@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 import simplejpeg
 
-from ...frames.decode import read_image_header
-from ...frames.decode_batch import DecodeRequest, HostBatchDecoder, Prepared
-from ...frames.decode_gpu import CudaBatchDecoder
-from ...model.shape import Letterbox, letterbox_into, plan_letterbox
-from .frames import generated_frames
+from edge_vision.frames.decode import read_image_header
+from edge_vision.frames.decode_batch import DecodeRequest, HostBatchDecoder, Prepared
+from edge_vision.frames.decode_gpu import CudaBatchDecoder
+from edge_vision.model.shape import Letterbox, letterbox_into, plan_letterbox
+from edge_vision.tools.bench.frames import generated_frames
 
 PAD = 114
 
