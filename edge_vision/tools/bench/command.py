@@ -15,8 +15,20 @@ from typing import Any
 
 from ...common.settings import MODES
 from ..args import add_config_args, config_from_args, setup_logging
-from . import __doc__ as _DOC
 from .servers import ONE_ADDRESS_SETS, SERVER_READY_S, Server, free_port, machine, serve_argv
+
+DESCRIPTION = """``edge-vision bench``: load tests that measure what a camera client sees.
+
+    edge-vision bench --cameras 4 --fps 15 --duration 30            # start a server, load it
+    edge-vision bench --url ws://host:8080/ws --cameras 8 --fps 30  # load a running server
+    edge-vision bench --engine-only                                 # the engine's ceiling
+    edge-vision bench --compare --cameras 4 --fps 15 --duration 30  # ceiling, ours, baseline
+    edge-vision bench --ceiling --cameras 32 --fps 30               # ceiling and ours
+    edge-vision bench --cameras 1,2,4,8 --fps 15 --duration 20      # a sweep, with plots
+
+Each run prints a table and writes ``results.json`` and PNG plots (latency distribution;
+throughput and p99 against the number of cameras) to ``--out``.
+"""
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +37,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "bench",
         help="load-test a server (or the engine alone)",
-        description=_DOC,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_args(p)
