@@ -32,6 +32,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from edge_vision.model import device_post
 from edge_vision.model import heads as post
 from edge_vision.model.shape import plan_letterbox
 
@@ -56,11 +57,11 @@ def prob_map(n: int, seed: int) -> F32Array:
 
 
 def byte_map(prob: F32Array, threshold: float) -> npt.NDArray[np.uint8]:
-    """The byte map a GPU engine returns, made by the same :func:`post.db_map_bytes`
+    """The byte map a GPU engine returns, made by the same :func:`device_post.db_map_bytes`
     (torch on the CPU)."""
     import torch
 
-    return np.asarray(post.db_map_bytes(torch, torch.from_numpy(prob), threshold).numpy())
+    return np.asarray(device_post.db_map_bytes(torch, torch.from_numpy(prob), threshold).numpy())
 
 
 def time_maps(
@@ -90,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--confidence", type=float, default=0.5)
     p.add_argument("--opencv-threads", type=int, default=None, help="cv2.setNumThreads")
     p.add_argument("--gap-ms", type=float, default=0.0, help="idle between maps")
-    add_version_arguments(p, "post")
+    add_version_arguments(p, "model.heads")
     args = p.parse_args(argv)
     if args.opencv_threads is not None:
         cv2.setNumThreads(args.opencv_threads)
-    versions = versions_to_run(post, "post", args.baseline)
+    versions = versions_to_run(post, "model.heads", args.baseline)
     threshold = post.DbnetHead.bin_threshold
     results: dict[str, Any] = {
         "versions": list(versions),

@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--boxes", type=int, nargs="+", default=[1, 20, 300])
     p.add_argument("--frames", type=int, default=60)
     p.add_argument("--fps", type=float, default=15.0)
-    add_version_arguments(p, "track")
+    add_version_arguments(p, "frames.track")
     args = p.parse_args(argv)
-    versions = versions_to_run(track, "track", args.baseline)
+    versions = versions_to_run(track, "frames.track", args.baseline)
     results: dict[str, Any] = {"versions": list(versions), "boxes": {}}
     for n in args.boxes:
         wall: dict[str, list[float]] = {v: [] for v in versions}

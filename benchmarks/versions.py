@@ -16,21 +16,23 @@ import numpy as np
 
 
 def load_baseline(rev: str, module: str) -> ModuleType:
-    """``edge_vision/<module>.py`` as it was at git revision ``rev``, as a module of the
-    package (its relative imports resolve against the current tree)."""
-    root = Path(__file__).resolve().parents[2]
-    path = f"edge_vision/{module}.py"
+    """``edge_vision/<module>.py`` (``module`` dotted below the package, e.g. ``model.heads``)
+    as it was at git revision ``rev``, as a module of its package (its relative imports
+    resolve against the current tree, so ``rev`` must have the module where it is today)."""
+    root = Path(__file__).resolve().parents[1]
+    path = f"edge_vision/{module.replace('.', '/')}.py"
     src = subprocess.run(
         ["git", "-C", str(root), "show", f"{rev}:{path}"],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
-    name = f"edge_vision._{module}_baseline"
+    package, _, leaf = f"edge_vision.{module}".rpartition(".")
+    name = f"{package}._{leaf}_baseline"
     spec = importlib.util.spec_from_loader(name, loader=None)
     assert spec is not None
     loaded = importlib.util.module_from_spec(spec)
-    loaded.__package__ = "edge_vision"
+    loaded.__package__ = package
     sys.modules[name] = loaded  # dataclasses look their module up while being built
     exec(compile(src, f"{rev}:{path}", "exec"), loaded.__dict__)
     return loaded

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from edge_vision.model import device_post
 from edge_vision.model import heads as post
 from edge_vision.model.shape import Letterbox
 
@@ -71,7 +72,7 @@ def forms(raw: F32Array, iou: float) -> dict[str, list[list[np.ndarray]]]:
     import torch
 
     best = np.argsort(-raw[:, 4:].max(axis=1), axis=1, kind="stable")[:, :CANDIDATES]
-    dets, state = post.yolo_v8_device_nms(torch, torch.from_numpy(raw), CANDIDATES, iou)
+    dets, state = device_post.yolo_v8_device_nms(torch, torch.from_numpy(raw), CANDIDATES, iou)
     return {
         "raw": [[r] for r in raw],
         "top": [[np.ascontiguousarray(r[:, i])] for r, i in zip(raw, best, strict=True)],
@@ -98,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             raw = yolo_v8_output(np.random.default_rng(1000 * n + r), n, batch=args.frames)
             by_form = forms(raw, head.nms_iou)
-            undecided += sum(bool((o[1] == post.NMS_UNDECIDED).any()) for o in by_form["device"])
+            undecided += sum(
+                bool((o[1] == device_post.NMS_UNDECIDED).any()) for o in by_form["device"]
+            )
             want: list[np.ndarray] = []
             for name, frames in by_form.items():
                 nbytes[name] = sum(o.nbytes for o in frames[0])

@@ -20,17 +20,14 @@ import pytest
 
 from benchmarks.yolo_post import yolo_v8_output
 from edge_vision.errors import ModelError
-from edge_vision.model.heads import (
+from edge_vision.model.device_post import (
     NMS_KEPT,
     NMS_UNDECIDED,
-    DbnetHead,
-    YoloV8Head,
     db_map_bytes,
     db_map_levels,
-    nms,
-    pick_head_name,
     yolo_v8_device_nms,
 )
+from edge_vision.model.heads import DbnetHead, YoloV8Head, nms, pick_head_name
 from edge_vision.model.shape import Letterbox
 from edge_vision.model.spec import ModelSpec
 from tests.support.reference import TEXT_PHOTOS, our_input, photo_frame

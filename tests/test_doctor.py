@@ -258,7 +258,7 @@ def test_doctor_reads_a_gpu_engine_s_byte_map_as_probabilities_made_on_the_cpu()
     torch = pytest.importorskip(
         "torch", reason="torch is not installed here; the byte map is made by a torch function"
     )
-    from edge_vision.model.heads import db_map_bytes
+    from edge_vision.model.device_post import db_map_bytes
     from edge_vision.tools.doctor import compare_with_reference
 
     rng = np.random.default_rng(3)

@@ -29,14 +29,9 @@ import orjson
 import pytest
 
 from edge_vision.common.agreement import match_detections, pairwise_iou
+from edge_vision.engines.recognisers import OnnxRuntimeRecogniser, Recogniser, TorchRecogniser
 from edge_vision.errors import ModelError
-from edge_vision.frames.read import (
-    OnnxRuntimeRecogniser,
-    Recogniser,
-    TextReader,
-    TorchRecogniser,
-    recogniser_batches,
-)
+from edge_vision.frames.read import TextReader, recogniser_batches
 from edge_vision.model.heads import DbnetHead
 from edge_vision.model.spec import ModelSpec, default_recogniser_path
 from edge_vision.serve.server import CONNECTIONS, PIPELINE

@@ -22,17 +22,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.read import _sample_crops
 from edge_vision.cli import main
 from edge_vision.config import Config
+from edge_vision.engines.recognisers import OnnxRuntimeRecogniser, load_recogniser
 from edge_vision.engines.tensorrt import recogniser as trt_recogniser
-from edge_vision.frames.read import (
-    OnnxRuntimeRecogniser,
-    ReadStage,
-    TextReader,
-    _sample_crops,
-    load_recogniser,
-    recogniser_batches,
-)
+from edge_vision.frames.read import ReadStage, TextReader, recogniser_batches
 from edge_vision.model.spec import ModelSpec, default_recogniser_path
 
 from .support import mock_tensorrt

@@ -464,7 +464,9 @@ def test_the_recogniser_profile_is_nchw_at_height_48_from_the_nominal_width() ->
 
 
 def test_the_recogniser_graph_with_its_arg_max_gives_what_onnx_runtime_s_recogniser_does() -> None:
-    from edge_vision.frames.read import OnnxRuntimeRecogniser, _sample_crops, recogniser_batches
+    from benchmarks.read import _sample_crops
+    from edge_vision.engines.recognisers import OnnxRuntimeRecogniser
+    from edge_vision.frames.read import recogniser_batches
     from edge_vision.model.spec import default_recogniser_path
 
     path = default_recogniser_path()

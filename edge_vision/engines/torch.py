@@ -36,7 +36,8 @@ import numpy as np
 
 from ..config import Config
 from ..errors import EngineError
-from ..model.heads import db_map_bytes, is_db_map, is_yolo_v8_raw, yolo_v8_device_nms
+from ..model.device_post import db_map_bytes, yolo_v8_device_nms
+from ..model.heads import is_db_map, is_yolo_v8_raw
 from ..model.spec import ModelSpec
 from .base import U8Array
 from .cuda import PinnedBuffer

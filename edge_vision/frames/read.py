@@ -48,19 +48,13 @@ The module also runs as a measurement: ``python -m edge_vision.frames.read --hel
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import logging
 import math
-import os
-import sys
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 import cv2
 import numpy as np
@@ -68,8 +62,8 @@ import numpy.typing as npt
 
 from ..common.threads import role_pool
 from ..config import Config
+from ..engines.recognisers import Recogniser, load_recogniser
 from ..errors import ClientError, EngineError, ModelError
-from ..model.spec import default_recogniser_path
 from .track import Tracker, TrackerSettings
 
 log = logging.getLogger(__name__)
@@ -232,124 +226,6 @@ def recogniser_batches(
             resize_into(crops[i], x[row], height)
         out.append((idx, x))
     return out
-
-
-# -- recognisers --------------------------------------------------------------------------
-
-
-class Recogniser(Protocol):
-    """Runs the recognition network on one batch."""
-
-    kind: str
-    metadata: dict[str, str]  # the ONNX model's metadata (``character``: the classes)
-    max_width: int | None  # the widest batch it takes (a TensorRT profile's); None: any
-
-    def run(self, x: F32Array) -> tuple[IntArray, F32Array]:
-        """``x``: ``[N, 3, 48, W]`` → arg-max class ``(N, T)`` and its probability."""
-        ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-
-class OnnxRuntimeRecogniser:
-    """The recogniser in ONNX Runtime (CPU by default)."""
-
-    kind = "onnxruntime"
-    max_width: int | None = None
-
-    def __init__(self, path: Path, threads: int = 0) -> None:
-        import onnxruntime as ort
-
-        self.threads = threads or (os.cpu_count() or 1)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.threads
-        opts.inter_op_num_threads = 1
-        try:
-            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        except Exception as e:  # ORT's exceptions share no public base class
-            raise ModelError(f"ONNX Runtime could not load the recogniser {path}: {e}") from e
-        self.input_name = self.session.get_inputs()[0].name
-        self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
-
-    def run(self, x: F32Array) -> tuple[IntArray, F32Array]:
-        try:
-            probs = np.asarray(self.session.run(None, {self.input_name: x})[0])
-        except Exception as e:  # ORT's exceptions share no public base class
-            raise ModelError(f"ONNX Runtime failed on a {x.shape} recogniser batch: {e}") from e
-        idx = probs.argmax(axis=2)
-        best = np.take_along_axis(probs, idx[..., None], axis=2)[..., 0]
-        return idx.astype(np.int64), best.astype(np.float32)
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "threads": self.threads}
-
-
-class TorchRecogniser:
-    """The recogniser through the torch engine's ONNX converter, on ``device``.
-
-    FP16 on CUDA when ``fp16``; eager (widths vary per batch, so no CUDA graphs). The
-    arg-max runs on the device."""
-
-    kind = "torch"
-    max_width: int | None = None
-
-    def __init__(self, path: Path, device: str = "cuda:0", fp16: bool = True) -> None:
-        import torch
-
-        from ..engines.onnx_torch import OnnxGraphModule
-
-        self._torch = torch
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ModelError(f"read on torch device {device}, but CUDA is not available")
-        self.dtype = torch.float16 if (fp16 and self.device.type == "cuda") else torch.float32
-        module = OnnxGraphModule(path, self.dtype)
-        self.module = module.to(self.device).eval()
-        import onnx
-
-        model = onnx.load(str(path), load_external_data=False)
-        self.metadata = {p.key: p.value for p in model.metadata_props}
-
-    def run(self, x: F32Array) -> tuple[IntArray, F32Array]:
-        torch = self._torch
-        with torch.inference_mode():
-            t = torch.from_numpy(x).to(self.device, self.dtype, non_blocking=False)
-            probs = self.module(t)[0].float()
-            best, idx = probs.max(dim=2)
-            return idx.cpu().numpy().astype(np.int64), best.cpu().numpy().astype(np.float32)
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "device": str(self.device), "dtype": str(self.dtype)}
-
-
-def load_recogniser(
-    path: Path | None,
-    kind: str,
-    *,
-    threads: int = 0,
-    device: str = "cuda:0",
-    fp16: bool = True,
-    config: Config | None = None,
-) -> Recogniser:
-    """The recogniser on engine kind ``kind`` (``onnxruntime``, ``torch`` or ``tensorrt``:
-    the plan per ``config``'s ``engine.tensorrt`` and ``read`` sections, ONNX Runtime with
-    a warning when TensorRT, the GPU or the plan cannot be had)."""
-    model = path or default_recogniser_path()
-    if not model.is_file():
-        raise ModelError(f"recogniser model {model} does not exist")
-    if kind == "torch":
-        return TorchRecogniser(model, device, fp16)
-    if kind == "tensorrt":
-        from ..engines.tensorrt.recogniser import TensorRTRecogniser
-
-        try:
-            return TensorRTRecogniser(model, config or Config())
-        except EngineError as e:
-            log.warning("the recogniser runs on ONNX Runtime on the CPU: TensorRT: %s", e)
-            return OnnxRuntimeRecogniser(model, threads)
-    if kind == "onnxruntime":
-        return OnnxRuntimeRecogniser(model, threads)
-    raise ModelError(f"unknown read engine {kind!r}; known: onnxruntime, torch, tensorrt")
 
 
 # -- the reader ---------------------------------------------------------------------------
@@ -537,8 +413,8 @@ class ReadStage:
 
     def _load(self) -> TextReader:
         r, t = self.config.read, self.config.engine.torch
-        # FP32 even when the detector runs FP16: on the H200 (2026-12-01, docs/benchmarks.md)
-        # the eager recogniser took 41 ms a 16-box frame in FP32 and 150 ms in FP16.
+        # FP32 even when the detector runs FP16: the eager recogniser is several times
+        # slower in FP16 on a GPU (docs/benchmarks.md, "Reading on the GPU").
         rec = load_recogniser(
             r.model_path,
             self.engine_kind,
@@ -612,83 +488,3 @@ def _read_sync(
         return reader.read(image, quads)
     finally:
         release()
-
-
-# -- measurement --------------------------------------------------------------------------
-
-
-def _measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Per-box and per-batch cost of the recogniser on this machine, and (with
-    ``--compare``) the torch path's agreement with ONNX Runtime on the CPU."""
-    rng = np.random.default_rng(0)
-    path = Path(args.model) if args.model else None
-    rec = load_recogniser(
-        path, args.engine, threads=args.threads, device=args.device, fp16=not args.fp32
-    )
-    reader = TextReader(rec, args.batch)
-    reader.warm_up()
-    crops = _sample_crops(rng, args.boxes)
-    t0 = time.perf_counter()
-    for _ in range(args.repeats):
-        read = reader.read_crops(crops)
-    per_frame = (time.perf_counter() - t0) / args.repeats
-    out: dict[str, Any] = {
-        "recogniser": rec.describe(),
-        "boxes": args.boxes,
-        "batch": args.batch,
-        "ms_per_frame": round(per_frame * 1000, 2),
-        "ms_per_box": round(per_frame * 1000 / max(args.boxes, 1), 2),
-        "texts": [r.text for r in read],
-    }
-    if args.compare:
-        ref = OnnxRuntimeRecogniser(path or default_recogniser_path(), args.threads)
-        x = recogniser_batches(crops, args.batch)[0][1]
-        import torch
-
-        if not isinstance(rec, TorchRecogniser):
-            raise SystemExit("--compare needs --engine torch")
-        with torch.inference_mode():
-            got = rec.module(torch.from_numpy(x).to(rec.device, rec.dtype))[0].float().cpu()
-        want = ref.session.run(None, {ref.input_name: x})[0]
-        a = got.numpy()
-        out["rel_error"] = float(np.linalg.norm(a - want) / np.linalg.norm(want))
-        same = TextReader(ref, args.batch).read_crops(crops)
-        out["same_text"] = sum(r.text == s.text for r, s in zip(read, same, strict=True))
-        out["reference_texts"] = [s.text for s in same]
-    return out
-
-
-def _sample_crops(rng: np.random.Generator, n: int) -> list[U8Array]:
-    """Label-like crops with known strings (OpenCV's Hershey font on light noise)."""
-    crops: list[U8Array] = []
-    for i in range(n):
-        text = f"LOT {rng.integers(10000, 99999)}-{chr(65 + i % 26)}{i}"
-        img = np.full((40, 12 + 19 * len(text), 3), 235, np.uint8)
-        img = np.clip(img + rng.normal(0, 6, img.shape), 0, 255).astype(np.uint8)
-        cv2.putText(img, text, (6, 30), cv2.FONT_HERSHEY_SIMPLEX, 0.9, (20, 20, 20), 2)
-        crops.append(img)
-    return crops
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m edge_vision.frames.read",
-        description="Time the text recogniser (per frame and per box) on this machine; with "
-        "--engine torch --compare, check the torch path against ONNX Runtime on the CPU.",
-    )
-    ap.add_argument("--engine", choices=["onnxruntime", "torch"], default="onnxruntime")
-    ap.add_argument("--device", default="cuda:0", help="torch device (--engine torch)")
-    ap.add_argument("--fp32", action="store_true", help="torch in FP32 (default FP16 on CUDA)")
-    ap.add_argument("--model", default="", help="recogniser ONNX; default: rapidocr's")
-    ap.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads; 0: cores")
-    ap.add_argument("--boxes", type=int, default=8, help="crops read per frame")
-    ap.add_argument("--batch", type=int, default=6, help="crops per recogniser run")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--compare", action="store_true", help="torch against ONNX Runtime")
-    args = ap.parse_args(argv)
-    print(json.dumps(_measure(args), indent=1, ensure_ascii=False))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

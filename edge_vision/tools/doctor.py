@@ -666,7 +666,7 @@ def _as_byte_maps(got: np.ndarray, ref: np.ndarray, threshold: float) -> tuple[A
     pixel whose value crossed a step), not the byte map's rounding."""
     import torch
 
-    from ..model.heads import db_map_bytes, db_map_levels
+    from ..model.device_post import db_map_bytes, db_map_levels
 
     levels = db_map_levels(threshold)
     ref_bytes = db_map_bytes(torch, torch.from_numpy(np.ascontiguousarray(ref)), threshold)

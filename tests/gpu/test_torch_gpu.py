@@ -17,7 +17,8 @@ from edge_vision.config import Config
 from edge_vision.engines import create_engine
 from edge_vision.frames.infer import InferenceService
 from edge_vision.frames.pipeline import FramePipeline, FrameSettings
-from edge_vision.model.heads import NMS_UNDECIDED, YoloV8Head, db_map_levels, yolo_v8_device_nms
+from edge_vision.model.device_post import NMS_UNDECIDED, db_map_levels, yolo_v8_device_nms
+from edge_vision.model.heads import YoloV8Head
 from edge_vision.model.shape import Letterbox
 from edge_vision.model.spec import ModelSpec
 
