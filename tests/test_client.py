@@ -23,6 +23,7 @@ from aiohttp import web
 
 from edge_vision import errors
 from edge_vision.client import EdgeVisionClient, FrameError, Result
+from edge_vision.client.handshake import classify_close, handshake
 from edge_vision.common.threads import opencv_threads
 from edge_vision.model.spec import ModelSpec
 from edge_vision.serve.server import SERVICE, STARTUP, create_app
@@ -391,8 +392,7 @@ def test_every_close_code_has_its_exception(
     code: int | None, reason: str, closing: bool, expected: type[errors.ConnectionClosed]
 ) -> None:
     """The classifier alone, for the codes no server here can be made to send on demand."""
-    client = EdgeVisionClient("ws://127.0.0.1:1/ws")
-    exc = client._classify(code, reason, "tok" if closing else None)
+    exc = classify_close(code, reason, "tok" if closing else None)
     assert type(exc) is expected and isinstance(exc, errors.ProtocolClientError)
     assert exc.code == code
 
@@ -452,12 +452,10 @@ async def test_resume_on_the_other_node_after_sigterm(
 
 
 def test_since_protocol_2_the_resume_token_stays_out_of_the_url() -> None:
-    v2 = EdgeVisionClient("ws://node:8080/ws?mode=every")
-    url, entries = v2._handshake("sess.tok")
+    url, entries = handshake("ws://node:8080/ws?mode=every", 2, None, "sess.tok")
     assert "tok" not in url and entries == ("edge-vision", "edge-vision.resume.sess.tok")
     assert "protocol=2" in url and "mode=every" in url
-    v1 = EdgeVisionClient("ws://node:8080/ws", protocol=1)
-    url, entries = v1._handshake("sess.tok")
+    url, entries = handshake("ws://node:8080/ws", 1, None, "sess.tok")
     assert "resume=sess.tok" in url and "protocol=1" in url and entries == ()
 
 
@@ -465,10 +463,9 @@ def test_every_close_code_the_server_sends_has_its_own_exception() -> None:
     """edge_vision/common/close_codes.py is the server's table: each code maps to a subclass."""
     from edge_vision.common.close_codes import CLOSE_REASONS
 
-    client = EdgeVisionClient("ws://127.0.0.1:1/ws")
     for code, reason in CLOSE_REASONS.items():
         closing = "tok" if code == 1001 else None  # the server's 1001 follows a closing
-        exc = client._classify(int(code), "", closing)
+        exc = classify_close(int(code), "", closing)
         assert type(exc) is not errors.ConnectionClosed, code
         assert exc.resumable == reason.resumable, (code, exc, reason)
 

@@ -1,33 +1,5 @@
-"""The Python client of the edge_vision protocol, for camera boxes and tools (docs/client.md).
-
-::
-
-    async with EdgeVisionClient("ws://node:8080/ws", token=TOKEN) as client:
-        print(client.hello.model, client.hello.features)
-        await client.settings(confidence=0.4)
-        pending = await client.send(jpeg_bytes)       # a future, matched by frame id
-        result = await pending                        # or: async for r in client.results()
-
-What it does for you (docs/protocol.md):
-
-* **connect** with ``Authorization: Bearer <token>`` when given, and ``?protocol=N``;
-  HTTP 503 (warming up, full, stopping) and refused TCP connections are retried within
-  ``retry_s``, waiting what ``Retry-After`` says (bounded by ``max_retry_wait_s``),
-  else an exponential backoff;
-* **hello** parsed into :class:`Hello`; **settings** answered with the effective
-  :class:`Settings`; **frames** as JPEG/PNG bytes or numpy arrays (encoded to JPEG here),
-  in the binary form or as JSON;
-* **results matched by id**: answers come in the order frames were sent, so a result for a
-  later frame settles every earlier one still waiting as dropped (latest-wins);
-  :attr:`EdgeVisionClient.books` counts what became of the frames sent, and ``on_drop``
-  hears of each drop as it is decided;
-* **resume**: after the server's ``closing`` + 1001 (shutdown) or a lost connection, it
-  reconnects (to any node behind the balancer) with the session's resume token; frames in
-  flight then are dropped (the server counts them so too), later ones go to the new node;
-* **every close reason is a typed exception** (edge_vision/errors.py, under
-  :class:`~edge_vision.errors.ConnectionClosed`), raised by :meth:`results`, :meth:`send`
-  and the futures of frames, settings and pings waiting then.
-"""
+"""The connection: :class:`EdgeVisionClient`, its handshake, retries, resume and the
+matching of answers to frames (the values it hands out: :mod:`.values`)."""
 
 from __future__ import annotations
 
@@ -35,325 +7,60 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
-import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import orjson
 
-from .common.aio import cancel_and_wait
-from .common.close_codes import CloseCode
-from .common.settings import Mode
-from .errors import (
-    AccessForbidden,
-    AuthenticationFailed,
+from ..common.aio import cancel_and_wait
+from ..common.settings import Mode
+from ..errors import (
     ConnectFailed,
     ConnectionClosed,
     ConnectionLost,
     FrameDropped,
     FrameRejected,
     HandshakeRefused,
-    IdleTimeout,
-    MessageTooBig,
     ProtocolNotServed,
     ProtocolViolation,
-    ServerFailed,
-    ServerOverloaded,
     ServerShuttingDown,
     ServerUnavailable,
     ServerUnreachable,
     SessionEnded,
-    SessionSuperseded,
-    SlowClient,
-    TokenExpired,
 )
-from .session.receive import (
+from ..session.receive import (
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
     encode_binary_frame,
     encode_json_frame,
 )
-from .session.versions import RESUME_ENTRY, SUBPROTOCOL
+from .handshake import classify_close, handshake, refusal_error, retry_after, why
+from .values import (
+    Answer,
+    Books,
+    DropCause,
+    FrameError,
+    FrameId,
+    Hello,
+    Result,
+    Settings,
+    Wire,
+    jpeg_from_array,
+)
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
+
 log = logging.getLogger(__name__)
 
-
 T = TypeVar("T")
-Wire = Literal["binary", "json"]
-FrameId = int | str
-#: Why a frame went unanswered: ``latest``, a later frame was answered first (the server's
-#: latest-wins dropped it); ``closed``, the connection closed while it was in flight.
-DropCause = Literal["latest", "closed"]
-
-#: Close codes of protocol 2 (edge_vision/common/close_codes.py) → the exception a client raises;
-#: 1001 and 1008 depend on more than the code (see EdgeVisionClient._classify).
-_CLOSED_BY_CODE: Mapping[int, type[ConnectionClosed]] = {
-    CloseCode.NORMAL: SessionEnded,
-    CloseCode.PROTOCOL_ERROR: ProtocolViolation,
-    CloseCode.INVALID_PAYLOAD: ProtocolViolation,
-    CloseCode.MESSAGE_TOO_BIG: MessageTooBig,
-    CloseCode.SUPERSEDED: SessionSuperseded,
-    CloseCode.TOKEN_EXPIRED: TokenExpired,
-    CloseCode.SLOW_CLIENT: SlowClient,
-    CloseCode.IDLE_TIMEOUT: IdleTimeout,
-    # RFC 6455 section 7.4.1 codes edge_vision does not send, but a proxy or peer may.
-    1011: ServerFailed,
-    1013: ServerOverloaded,
-}
 
 _UNSET: Any = object()
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """A session's effective settings (docs/protocol.md, ``settings``)."""
-
-    mode: Mode
-    confidence: float
-    classes: tuple[int, ...] | None
-    # Since protocol 2; None where the node or the connection's version has no such setting.
-    track: bool | None = None
-    input_size: int | None = None  # None also: the node's own limits.input_size
-    read: bool | None = None
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> Settings:
-        classes = obj.get("classes")
-        return cls(
-            obj["mode"],
-            float(obj["confidence"]),
-            None if classes is None else tuple(classes),
-            obj.get("track"),
-            obj.get("input_size"),
-            obj.get("read"),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Counters:
-    """A session's books: received = answered + dropped + rejected (+ in flight)."""
-
-    received: int = 0
-    answered: int = 0
-    dropped: int = 0
-    rejected: int = 0
-
-
-_COUNTERS = frozenset(f.name for f in fields(Counters))
-
-
-@dataclass(slots=True)
-class Books:
-    """What became of the frames this client sent, across resumes (docs/client.md, "Books"):
-    sent = answered + dropped + rejected + lost + :attr:`pending`.
-
-    ``dropped``: a later frame was answered first (latest-wins; the server's ``dropped``
-    counts the same frames). ``lost``: in flight when a connection closed (the server counts
-    these as dropped too). ``unmatched``: results for no frame waiting (a server that
-    answered a frame twice)."""
-
-    sent: int = 0
-    answered: int = 0
-    dropped: int = 0
-    rejected: int = 0
-    lost: int = 0
-    unmatched: int = 0
-
-    @property
-    def pending(self) -> int:
-        return self.sent - self.answered - self.dropped - self.rejected - self.lost
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What the node accepts (hello ``limits``)."""
-
-    max_message_bytes: int
-    max_pixels: int
-    input_size: int
-    max_batch: int
-    formats: tuple[str, ...]
-    binary_frames: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """The server's first message, typed; ``raw`` keeps every field (also new ones)."""
-
-    protocol: int
-    protocols: tuple[int, ...]
-    features: frozenset[str]
-    session_id: str
-    resume_token: str
-    resumed: bool
-    node: str
-    model: str
-    labels: tuple[str, ...]
-    engine: Mapping[str, Any]
-    settings: Settings
-    limits: Limits
-    counters: Counters
-    raw: Mapping[str, Any] = field(repr=False)
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> Hello:
-        lim = obj.get("limits") or {}
-        protocol = int(obj.get("protocol", 1))
-        return cls(
-            protocol=protocol,
-            protocols=tuple(obj.get("protocols") or (protocol,)),
-            # Nodes before protocol 2 announce no features; what they had is implied.
-            features=frozenset(obj.get("features") or ("binary_frames", "resume")),
-            session_id=str(obj["session_id"]),
-            resume_token=str(obj["resume_token"]),
-            resumed=bool(obj.get("resumed")),
-            node=str(obj.get("node", "")),
-            model=str(obj.get("model", "")),
-            labels=tuple(obj.get("labels") or ()),
-            engine=dict(obj.get("engine") or {}),
-            settings=Settings.from_json(obj["settings"]),
-            limits=Limits(
-                max_message_bytes=int(lim.get("max_message_bytes", 0)),
-                max_pixels=int(lim.get("max_pixels", 0)),
-                input_size=int(lim.get("input_size", 0)),
-                max_batch=int(lim.get("max_batch", 1)),
-                formats=tuple(lim.get("formats") or ("jpeg", "png")),
-                binary_frames=bool(lim.get("binary_frames", True)),
-            ),
-            counters=Counters(  # counters a newer node adds are in raw, not here
-                **{k: int(v) for k, v in (obj.get("counters") or {}).items() if k in _COUNTERS}
-            ),
-            raw=dict(obj),
-        )
-
-    def label(self, class_id: int) -> str:
-        return self.labels[class_id] if 0 <= class_id < len(self.labels) else str(class_id)
-
-
-@dataclass(frozen=True, slots=True)
-class Detection:
-    """One box in the frame's own pixels (x right, y down)."""
-
-    box: tuple[float, float, float, float]
-    score: float
-    class_id: int
-    label: str
-    track: int | None = None  # a track id, when the node tracks (feature "track")
-    text: str | None = None  # the text read in the box, with settings read=True ("read")
-    text_score: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    """The answer to one frame; ``raw`` keeps every field of the message."""
-
-    id: FrameId
-    ts: float | None
-    width: int
-    height: int
-    detections: tuple[Detection, ...]
-    timing: Mapping[str, float]
-    dropped: int
-    raw: Mapping[str, Any] = field(repr=False)
-    #: ``time.perf_counter()`` when the answer arrived (for latencies; 0 if not received).
-    received_at: float = field(default=0.0, repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any], received_at: float = 0.0) -> Result:
-        dets = tuple(
-            Detection(
-                box=(
-                    float(d["box"][0]),
-                    float(d["box"][1]),
-                    float(d["box"][2]),
-                    float(d["box"][3]),
-                ),
-                score=float(d["score"]),
-                class_id=int(d["class"]),
-                label=str(d.get("label", d["class"])),
-                track=d.get("track"),
-                text=d.get("text"),
-                text_score=d.get("text_score"),
-            )
-            for d in obj.get("detections") or ()
-        )
-        return cls(
-            id=obj["id"],
-            ts=obj.get("ts"),
-            width=int(obj["width"]),
-            height=int(obj["height"]),
-            detections=dets,
-            timing=dict(obj.get("timing") or {}),
-            dropped=int(obj.get("dropped", 0)),
-            raw=dict(obj),
-            received_at=received_at,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class FrameError:
-    """An ``error`` message; ``id`` None when it could not be tied to a frame."""
-
-    id: FrameId | None
-    code: str
-    message: str
-
-
-Answer = Result | FrameError
-
-
-def jpeg_from_array(image: NDArray[np.uint8], quality: int = 85, colorspace: str = "RGB") -> bytes:
-    """An ``(H, W, 3)`` uint8 array as JPEG bytes (simplejpeg; ``colorspace`` "RGB"/"BGR")."""
-    import numpy as np
-    import simplejpeg
-
-    arr = np.ascontiguousarray(image)
-    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3:
-        raise TypeError(f"expected an (H, W, 3) uint8 array, got {arr.dtype} {arr.shape}")
-    data: bytes = simplejpeg.encode_jpeg(arr, quality=quality, colorspace=colorspace)
-    return data
-
-
-def _with_query(url: str, **params: str | None) -> str:
-    """``url`` with the given query parameters set (those given None are left as they are)."""
-    given = {k: v for k, v in params.items() if v is not None}
-    parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in given]
-    query += list(given.items())
-    return urlunsplit(parts._replace(query=urlencode(query)))
-
-
-def _why(e: aiohttp.ClientError) -> str:
-    """A failed TCP connection's reason as the OS says it ("Connection refused"); errno is
-    negative for name-resolution errors (getaddrinfo's own codes), which carry their text."""
-    if isinstance(e, aiohttp.ClientConnectorError):
-        errno = e.os_error.errno
-        why = os.strerror(errno) if errno and errno > 0 else e.os_error.strerror
-        return why or str(e.os_error) or type(e.os_error).__name__
-    return str(e) or type(e).__name__
-
-
-def _retry_after(headers: Mapping[str, str] | None) -> float | None:
-    """Seconds from a ``Retry-After: <seconds>`` header (RFC 9110 section 10.2.3); None
-    for an absent header or an HTTP-date (we then back off on our own)."""
-    value = (headers or {}).get("Retry-After")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 class EdgeVisionClient:
@@ -461,23 +168,9 @@ class EdgeVisionClient:
         self._receiver = asyncio.create_task(self._receive(), name="edge-vision-client")
         return hello
 
-    def _handshake(self, resume_token: str | None) -> tuple[str, tuple[str, ...]]:
-        """The URL and the subprotocol entries of a handshake (docs/protocol.md,
-        "Connecting"): since protocol 2 the resume token is a subprotocol entry, kept out
-        of URLs and so out of access logs; a protocol 1 client sends ``?resume=``."""
-        if self.protocol >= 2:
-            url = _with_query(self.url, protocol=str(self.protocol), mode=self.mode)
-            if resume_token:
-                return url, (SUBPROTOCOL, RESUME_ENTRY + resume_token)
-            return url, ()
-        url = _with_query(
-            self.url, protocol=str(self.protocol), mode=self.mode, resume=resume_token
-        )
-        return url, ()
-
     async def _open(self, resume_token: str | None) -> Hello:
         assert self._session is not None
-        url, subprotocols = self._handshake(resume_token)
+        url, subprotocols = handshake(self.url, self.protocol, self.mode, resume_token)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         deadline = time.monotonic() + self.retry_s
         backoff = 0.1
@@ -498,11 +191,11 @@ class EdgeVisionClient:
             except aiohttp.WSServerHandshakeError as e:
                 if e.status == 503:  # retried: the status and Retry-After say enough
                     error = ServerUnavailable(where, e.status, "service unavailable")
-                    wait = _retry_after(e.headers)
+                    wait = retry_after(e.headers)
                 else:
                     raise await self._refusal(url, headers, e.status) from None
             except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
-                error = ServerUnreachable(where, f"cannot reach the server at {where}: {_why(e)}")
+                error = ServerUnreachable(where, f"cannot reach the server at {where}: {why(e)}")
                 wait = None
             except aiohttp.ClientError as e:
                 raise ConnectFailed(where, f"cannot connect to {where}: {e}") from None
@@ -543,17 +236,7 @@ class EdgeVisionClient:
             async with self._session.get(url, headers=headers, timeout=timeout) as r:
                 if r.status == status:
                     body = (await r.text())[:500].strip()
-        where = self.url
-        if status == 401:
-            return AuthenticationFailed(where, status, body)
-        if status == 403:
-            return AccessForbidden(where, status, body)
-        if status == 400 and "unsupported_protocol" in body:
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                served = tuple(int(v) for v in orjson.loads(body)["protocols"])
-                return ProtocolNotServed(where, status, body, served)
-            return ProtocolNotServed(where, status, body, ())
-        return HandshakeRefused(where, status, body)
+        return refusal_error(self.url, status, body)
 
     # -- sending ------------------------------------------------------------------------
 
@@ -746,24 +429,7 @@ class EdgeVisionClient:
             code, reason = int(msg.data), str(msg.extra or "")
         else:
             code, reason = ws.close_code, str(ws.exception() or "")
-        return self._classify(code, reason, closing_token)
-
-    def _classify(
-        self, code: int | None, reason: str, closing_token: str | None
-    ) -> ConnectionClosed:
-        if closing_token is not None and code == 1001:
-            return ServerShuttingDown(code, reason or "server shutting down", closing_token)
-        if code is None or code == 1006:
-            return ConnectionLost(code, reason or "the connection ended without a close frame")
-        if code == 1001:  # protocol 1: idle timeout (a shutdown sends closing first)
-            return IdleTimeout(code, reason)
-        if code == 1008:  # protocol 1 used 1008 for several reasons; its text tells them apart
-            if "resumed elsewhere" in reason:
-                return SessionSuperseded(code, reason)
-            if "not reading" in reason:
-                return SlowClient(code, reason)
-            return ProtocolViolation(code, reason)
-        return _CLOSED_BY_CODE.get(code, ConnectionClosed)(code, reason)
+        return classify_close(code, reason, closing_token)
 
     def _dispatch(self, obj: dict[str, Any], received_at: float) -> None:
         kind = obj.get("type")

@@ -1,0 +1,129 @@
+"""The client's handshake without I/O: the URL and subprotocol entries it offers, how long a
+503 asks it to wait, and which typed exception a refusal or a close stands for."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Mapping
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import aiohttp
+import orjson
+
+from ..common.close_codes import CloseCode
+from ..common.settings import Mode
+from ..errors import (
+    AccessForbidden,
+    AuthenticationFailed,
+    ConnectionClosed,
+    ConnectionLost,
+    HandshakeRefused,
+    IdleTimeout,
+    MessageTooBig,
+    ProtocolNotServed,
+    ProtocolViolation,
+    ServerFailed,
+    ServerOverloaded,
+    ServerShuttingDown,
+    SessionEnded,
+    SessionSuperseded,
+    SlowClient,
+    TokenExpired,
+)
+from ..session.versions import RESUME_ENTRY, SUBPROTOCOL
+
+#: Close codes of protocol 2 (edge_vision/common/close_codes.py) → the exception a client raises;
+#: 1001 and 1008 depend on more than the code (see classify_close).
+_CLOSED_BY_CODE: Mapping[int, type[ConnectionClosed]] = {
+    CloseCode.NORMAL: SessionEnded,
+    CloseCode.PROTOCOL_ERROR: ProtocolViolation,
+    CloseCode.INVALID_PAYLOAD: ProtocolViolation,
+    CloseCode.MESSAGE_TOO_BIG: MessageTooBig,
+    CloseCode.SUPERSEDED: SessionSuperseded,
+    CloseCode.TOKEN_EXPIRED: TokenExpired,
+    CloseCode.SLOW_CLIENT: SlowClient,
+    CloseCode.IDLE_TIMEOUT: IdleTimeout,
+    # RFC 6455 section 7.4.1 codes edge_vision does not send, but a proxy or peer may.
+    1011: ServerFailed,
+    1013: ServerOverloaded,
+}
+
+
+def with_query(url: str, **params: str | None) -> str:
+    """``url`` with the given query parameters set (those given None are left as they are)."""
+    given = {k: v for k, v in params.items() if v is not None}
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in given]
+    query += list(given.items())
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def why(e: aiohttp.ClientError) -> str:
+    """A failed TCP connection's reason as the OS says it ("Connection refused"); errno is
+    negative for name-resolution errors (getaddrinfo's own codes), which carry their text."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        errno = e.os_error.errno
+        why = os.strerror(errno) if errno and errno > 0 else e.os_error.strerror
+        return why or str(e.os_error) or type(e.os_error).__name__
+    return str(e) or type(e).__name__
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds from a ``Retry-After: <seconds>`` header (RFC 9110 section 10.2.3); None
+    for an absent header or an HTTP-date (we then back off on our own)."""
+    value = (headers or {}).get("Retry-After")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def handshake(
+    url: str, protocol: int, mode: Mode | None, resume_token: str | None
+) -> tuple[str, tuple[str, ...]]:
+    """The URL and the subprotocol entries of a handshake (docs/protocol.md,
+    "Connecting"): since protocol 2 the resume token is a subprotocol entry, kept out
+    of URLs and so out of access logs; a protocol 1 client sends ``?resume=``."""
+    if protocol >= 2:
+        with_protocol = with_query(url, protocol=str(protocol), mode=mode)
+        if resume_token:
+            return with_protocol, (SUBPROTOCOL, RESUME_ENTRY + resume_token)
+        return with_protocol, ()
+    return with_query(url, protocol=str(protocol), mode=mode, resume=resume_token), ()
+
+
+def refusal_error(where: str, status: int, body: str) -> HandshakeRefused:
+    """A refused upgrade (HTTP ``status`` with the server's short ``body``) as its exception."""
+    if status == 401:
+        return AuthenticationFailed(where, status, body)
+    if status == 403:
+        return AccessForbidden(where, status, body)
+    if status == 400 and "unsupported_protocol" in body:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            served = tuple(int(v) for v in orjson.loads(body)["protocols"])
+            return ProtocolNotServed(where, status, body, served)
+        return ProtocolNotServed(where, status, body, ())
+    return HandshakeRefused(where, status, body)
+
+
+def classify_close(code: int | None, reason: str, closing_token: str | None) -> ConnectionClosed:
+    """The typed exception a close with ``code`` and ``reason`` stands for; ``closing_token``:
+    the resume token of a ``closing`` message that came first (a shutdown), else None."""
+    if closing_token is not None and code == 1001:
+        return ServerShuttingDown(code, reason or "server shutting down", closing_token)
+    if code is None or code == 1006:
+        return ConnectionLost(code, reason or "the connection ended without a close frame")
+    if code == 1001:  # protocol 1: idle timeout (a shutdown sends closing first)
+        return IdleTimeout(code, reason)
+    if code == 1008:  # protocol 1 used 1008 for several reasons; its text tells them apart
+        if "resumed elsewhere" in reason:
+            return SessionSuperseded(code, reason)
+        if "not reading" in reason:
+            return SlowClient(code, reason)
+        return ProtocolViolation(code, reason)
+    return _CLOSED_BY_CODE.get(code, ConnectionClosed)(code, reason)
