@@ -76,7 +76,7 @@ WS_PROTOCOLS = (SUBPROTOCOL,)
 PRINCIPAL = web.RequestKey("principal", auth.Principal)
 RESUME: web.RequestKey[str | None] = web.RequestKey("resume")
 
-REPO_WEB = Path(__file__).resolve().parent.parent / "web"
+REPO_WEB = Path(__file__).resolve().parents[2] / "web"
 
 
 def _node_id(config: Config) -> str:
