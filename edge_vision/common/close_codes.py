@@ -6,7 +6,7 @@ elsewhere", and 1001 both "shutting down" and "idle": a client could not tell wh
 resume, slow down or give up. From protocol 2 each reason has its own code, below, and
 the close frame's reason text only adds words for people.
 
-Kept in one table so that code, docs and tests cannot drift: ``tests/test_auth.py``
+Kept in one table so that code, docs and tests cannot drift: ``tests/integration/test_auth.py``
 checks that every code here is documented in docs/protocol.md and that no two share a
 number.
 """

@@ -12,7 +12,7 @@ Here the engine's whole forward for one ``(batch, height, width)`` (the uint8 NH
 layout and normalisation, the network, the device post-processing) is traced once with
 real tensors into an FX graph of aten operators (``make_fx``): the interpreter and its host
 shape arithmetic are gone, folded into constants, so the graph is the same operators the
-interpreter runs (exactly the same outputs: tests/test_torch_engine.py). Inductor then
+interpreter runs (exactly the same outputs: tests/integration/test_torch_engine.py). Inductor then
 compiles that graph whole (``fullgraph``, static shapes). The compiled code is what the
 engine captures in its CUDA graphs, so each batch is still one replay.
 

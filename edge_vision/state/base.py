@@ -9,7 +9,7 @@ Every implementation keeps the same three kinds of entry (names and TTLs: docs/s
 Session writes are conditional on the session's ``epoch`` (:mod:`edge_vision.session.record`):
 a write older than what the store holds is refused, and reported back, so the newest
 holder of a session always wins whatever order writes arrive in. The contract is pinned
-by ``tests/test_state_store.py``, which runs against every implementation.
+by ``tests/integration/test_state_store.py``, which runs against every implementation.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Same entries, TTL semantics and epoch rule as :class:`~.redis.RedisStore` (expiry is
 checked on read), so a single node behaves the same with or without Redis; both pass
-the contract tests in ``tests/test_state_store.py``. Nothing here blocks or awaits:
+the contract tests in ``tests/integration/test_state_store.py``. Nothing here blocks or awaits:
 each method runs to completion on the event loop, which is what makes it atomic.
 """
 

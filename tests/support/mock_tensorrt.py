@@ -1,7 +1,7 @@
 """A MOCK TensorRT 10 ``tensorrt`` module and a mock CUDA layer, because neither TensorRT
 nor a GPU can exist on this machine; with the ``mock_trt`` fixture that installs them and
-the helpers the mocked TensorRT tests share (tests/test_tensorrt_*_mocked.py and the
-tests that borrow the mock: tests/test_doctor.py, tests/test_int8_gate.py).
+the helpers the mocked TensorRT tests share (tests/integration/test_tensorrt_*_mocked.py and the
+tests that borrow the mock: tests/integration/test_doctor.py, tests/integration/test_int8_gate.py).
 
 The mock mirrors the signatures of the TensorRT 10.3 Python bindings
 (``python/src/infer/pyCore.cpp``), and its "plan" runs the input-adapted ONNX graph with

@@ -5,7 +5,7 @@ short line the IoU with the ink's box sits near 0.5 by construction.
 
 It is also the fidelity oracle: :func:`reference_detections` (the reference pipeline) and
 :func:`our_detections` (the service's shape stage, model and DB head) on the real photos
-of :data:`TEXT_PHOTOS`, which tests/test_fidelity.py and ``python -m benchmarks.sizes``
+of :data:`TEXT_PHOTOS`, which tests/integration/test_fidelity.py and ``python -m benchmarks.sizes``
 compare."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
 #   TEMPLATE_DIR, SITE_DIR, NGINX_DIR  where the templates are, where the two server
 #                     files go, where edge-vision-locations.conf goes (nginx's conf prefix)
 #   NGINX_GLOBALS     main-context directives (default: worker_shutdown_timeout 10s;)
-# Arguments are passed to nginx (tests/test_tls.py runs this script with -p/-c).
+# Arguments are passed to nginx (tests/integration/test_tls.py runs this script with -p/-c).
 set -eu
 
 template_dir="${TEMPLATE_DIR:-/etc/nginx/edge-vision}"

@@ -15,9 +15,9 @@
 * :mod:`.progress`: build progress as log lines (and systemd start-timeout extensions);
 * :mod:`.library`: the lazy import and the process's one TensorRT logger.
 
-Everything but the TensorRT calls is plain code tested on CPUs (tests/test_trt_plan.py);
+Everything but the TensorRT calls is plain code tested on CPUs (tests/integration/test_trt_plan.py);
 the calls are driven with a fake ``tensorrt`` module (tests/support/mock_tensorrt.py, used
-by tests/test_tensorrt_*_mocked.py).
+by tests/integration/test_tensorrt_*_mocked.py).
 Written against the TensorRT 10 Python API; not run against a real TensorRT here.
 """
 

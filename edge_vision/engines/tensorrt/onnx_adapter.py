@@ -1,6 +1,6 @@
 """The ONNX graph TensorRT builds from, and what its parser says about it.
 
-Plain code, tested on CPUs with ONNX Runtime (tests/test_trt_plan.py):
+Plain code, tested on CPUs with ONNX Runtime (tests/integration/test_trt_plan.py):
 :func:`wrap_uint8_input` folds the frame normalisation into the graph (see its docstring
 for why); :func:`describe_parser_errors` names the failing nodes of a rejected model.
 """

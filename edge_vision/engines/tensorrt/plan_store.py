@@ -1,6 +1,6 @@
 """Plans on disk: the key a plan depends on, its JSON record, finding and writing them.
 
-Plain code, tested on CPUs (tests/test_trt_plan.py):
+Plain code, tested on CPUs (tests/integration/test_trt_plan.py):
 
 * :class:`PlanKey`: what a plan depends on (model SHA-256, TensorRT version, GPU name and
   compute capability, precision, profile, DLA core, input adapter) and the file name

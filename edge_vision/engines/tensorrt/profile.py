@@ -1,6 +1,6 @@
 """The optimisation profile of a plan: MIN/OPT/MAX of batch, height and width.
 
-Plain code, tested on CPUs (tests/test_trt_plan.py): :func:`derive_profile` makes the
+Plain code, tested on CPUs (tests/integration/test_trt_plan.py): :func:`derive_profile` makes the
 profile (TensorRT ``IOptimizationProfile``) from the model's input limits and the config,
 so every shape :func:`edge_vision.model.shape.choose_input_shape` can pick lies inside it
 (:func:`edge_vision.model.shape.side_range`, shared with it), and

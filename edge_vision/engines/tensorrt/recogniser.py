@@ -20,7 +20,7 @@ The key (:class:`~.plan_store.PlanKey`: the recogniser's SHA-256, TensorRT versi
 precision, profile, input layout) names its own plan file beside the detector's in
 ``engine.tensorrt.engine_dir``, so both are found again at the next start; the timing
 cache is shared (same GPU and TensorRT version). Not run against a real TensorRT here:
-tests/test_tensorrt_recogniser_mocked.py drives it with its mock module.
+tests/integration/test_tensorrt_recogniser_mocked.py drives it with its mock module.
 """
 
 from __future__ import annotations
