@@ -5,7 +5,7 @@ The engine input follows the frame's aspect ratio: the long side goes to the tar
 optimisation profile, so a 16:9 frame runs at 640×352 (stretch) or 640×384 (letterbox)
 instead of 640×640.
 How the frame fills that input is the model's *fit* (:attr:`InputLimits.fit`, set per
-model preset in models.py):
+model preset in spec.py):
 
 * ``letterbox`` (YOLO's): sides rounded *up*; the frame resized keeping its aspect ratio
   and centred, the rest padded;

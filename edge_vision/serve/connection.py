@@ -100,7 +100,7 @@ class Connection:
         # Reading text (since protocol 2, settings.read): what this session's labels said.
         self.reading = ctx.pipeline.reading.session()
         cfg = ctx.config
-        # The session's rules (session_core.py), counting into the session itself so a
+        # The session's rules (session/core.py), counting into the session itself so a
         # resumed session's counters carry on; the runner carries out what it decides.
         self.core: FrameCore = SessionCore.from_config(session.mode, cfg.session, books=session)
         self.runner = SessionRunner(

@@ -1,4 +1,4 @@
-"""The asyncio half of the session core: carries out :class:`~.session_core.SessionCore`'s
+"""The asyncio half of the session core: carries out :class:`~.core.SessionCore`'s
 actions with the frame pipeline.
 
 One :class:`SessionRunner` per session serves both shells that the core sits under: the
@@ -7,16 +7,16 @@ it) and replay's in-process target (edge_vision.tools.replay: frames from a clip
 delivered to the writer). Everything that decides is in the core; this module only turns
 its actions into tasks:
 
-* :class:`~.session_core.Process`: a task runs the frame through the pipeline's two steps,
+* :class:`~.core.Process`: a task runs the frame through the pipeline's two steps,
   :meth:`~edge_vision.frames.pipeline.FramePipeline.prepare`, then (having reported ``prepared``
   to the core) :meth:`~edge_vision.frames.pipeline.FramePipeline.finish` with the core's
   supersede key, and reports ``result_ready`` (a :class:`~edge_vision.frames.pipeline.FrameResult`,
   or the :class:`~edge_vision.errors.ClientError` the frame earned) or, when finish
   answered :data:`~edge_vision.frames.infer.SUPERSEDED`, ``superseded``;
-* :class:`~.session_core.Send`: the reply goes into one FIFO that a single sender task
+* :class:`~.core.Send`: the reply goes into one FIFO that a single sender task
   empties through the shell's ``send`` (so replies leave in the core's order), then
   ``sent``;
-* :class:`~.session_core.Drop` and :class:`~.session_core.Release`: the shell's hooks
+* :class:`~.core.Drop` and :class:`~.core.Release`: the shell's hooks
   (delivering "dropped" outcomes, giving a frame's bytes back to the memory budget) and
   the node's metrics.
 """
