@@ -55,7 +55,8 @@ HOSTILE_KINDS = (
 
 def png_of_zeros(side: int) -> bytes:
     """An RGB PNG of ``side``² black pixels, compressed row by row: 116 KB for 6,320², which
-    would decode to 120 MB (the image bomb of issue 12; tests/integration/test_memory_budget.py uses it)."""
+    would decode to 120 MB (the image bomb of issue 12; tests/integration/test_memory_budget.py
+    uses it)."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         crc = struct.pack(">I", zlib.crc32(kind + data))

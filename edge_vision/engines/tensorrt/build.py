@@ -5,7 +5,8 @@ API as NVIDIA's samples use it: ``build_serialized_network`` with an optimisatio
 FP16/INT8 (``IInt8EntropyCalibrator2``), a timing cache, ``IProgressMonitor`` and DLA
 (``DeviceType.DLA`` + ``BuilderFlag.GPU_FALLBACK``)); what surrounds the calls is in
 :mod:`.profile`, :mod:`.plan_store`, :mod:`.onnx_adapter`, :mod:`.calibration` and
-:mod:`.progress`. Not run against a real TensorRT here: tests/integration/test_tensorrt_plans_mocked.py
+:mod:`.progress`. Not run against a real TensorRT here:
+tests/integration/test_tensorrt_plans_mocked.py
 drives it with a fake module.
 """
 

@@ -19,7 +19,8 @@ another GPU / TensorRT version / precision / profile) it builds one once
 (:func:`~.build.ensure_plan`), logging progress, when ``build_if_missing`` is on, and
 otherwise refuses with the command that builds it. Any failure raises
 :class:`~edge_vision.errors.EngineError`, which makes the service degrade to ONNX Runtime
-on the CPU. Not run against a real TensorRT here: tests/integration/test_tensorrt_serving_mocked.py drives
+on the CPU. Not run against a real TensorRT here: tests/integration/test_tensorrt_serving_mocked.py
+drives
 it with a fake module.
 """
 
