@@ -56,10 +56,6 @@ def malloc_trim() -> bool:
     return True
 
 
-def trim_available() -> bool:
-    return _libc() is not None
-
-
 #: ``mallopt(3)``'s parameter for the mmap threshold (glibc's malloc.h).
 _M_MMAP_THRESHOLD = -3
 

@@ -38,7 +38,7 @@ class OnnxRuntimeConfig(EngineSection):
 
 
 class TorchConfig(EngineSection):
-    install = "torch onnx2torch cuda-python"
+    install = "torch cuda-python"
 
     device: str = Field("cuda:0", description="Torch device for the converted ONNX graph.")
     fp16: bool = Field(True, description="Run in half precision.")

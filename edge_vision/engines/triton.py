@@ -129,28 +129,6 @@ def triton_model_io(metadata: Any, config: Any) -> ModelIO:
     )
 
 
-def config_model_io(config: Any) -> ModelIO:
-    """What Triton will report for a ``config.pbtxt`` (a ``ModelConfig`` protobuf).
-
-    Triton's metadata puts a ``-1`` batch dimension in front of ``dims`` when
-    ``max_batch_size`` > 0, and names datatypes without the ``TYPE_`` prefix.
-    """
-    from tritonclient.grpc import model_config_pb2
-
-    batch = (-1,) if config.max_batch_size > 0 else ()
-
-    def info(t: Any) -> TensorInfo:
-        name = model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_")
-        datatype = "BYTES" if name == "STRING" else name
-        return TensorInfo(str(t.name), datatype, batch + tuple(int(d) for d in t.dims))
-
-    return ModelIO(
-        inputs=tuple(info(t) for t in config.input),
-        outputs=tuple(info(t) for t in config.output),
-        max_batch_size=int(config.max_batch_size),
-    )
-
-
 def _dims_agree(remote: Sequence[int], local: Sequence[int]) -> bool:
     return len(remote) == len(local) and all(
         r == -1 or lo == -1 or r == lo for r, lo in zip(remote, local, strict=True)

@@ -34,7 +34,6 @@ Shape = tuple[int, int]
 class ReadyBatch(Generic[T]):
     shape: Shape
     items: list[T]
-    enqueued_at: list[float]
     dispatched_at: float
 
 
@@ -163,7 +162,7 @@ class BatchPlanner(Generic[T]):
             self._served.popitem(last=False)
         self._batches += 1
         self._count -= len(taken)
-        return ReadyBatch(best, [e.item for e in taken], [e.t for e in taken], now)
+        return ReadyBatch(best, [e.item for e in taken], now)
 
     def drain(self) -> list[T]:
         items = [e.item for b in self._buckets.values() for e in b]

@@ -131,12 +131,6 @@ class CtcDecoder:
             out.append((text, score))
         return out
 
-    def decode_probabilities(self, probs: npt.NDArray[np.floating]) -> list[tuple[str, float]]:
-        """Decode ``(N, T, C)`` probabilities (arg-max per column first)."""
-        p = np.asarray(probs)
-        idx = p.argmax(axis=2)
-        return self.decode(idx, np.take_along_axis(p, idx[..., None], axis=2)[..., 0])
-
 
 # -- crops ------------------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ Where a client puts its credential, in the order looked at: ``Authorization: Bea
 (replay, camera boxes), a ``Sec-WebSocket-Protocol`` entry ``edge-vision.token.<credential>``
 (browsers cannot set headers on a WebSocket; the server echoes back only the real
 subprotocol, never this entry), and as a last resort ``?access_token=`` (RFC 6750
-section 2.3), redacted by :func:`redact_url` wherever a URL is logged.
+section 2.3). :func:`redact_text` (installed as a log filter by
+:func:`install_log_redaction`) replaces every credential and resume token in any log line.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ..session.versions import QUERY_TOKEN, RESUME_ENTRY, TOKEN_ENTRY
@@ -47,7 +48,6 @@ SCOPES: tuple[Scope, ...] = ("stream", "admin")
 TOKEN_PREFIX = "ev1"
 #: Query parameters that carry secrets: never logged as given.
 SECRET_QUERY_PARAMS = frozenset({QUERY_TOKEN, "resume", "token"})
-DEFAULT_SECRET_ENV = "EDGE_VISION_TOKEN_SECRET"
 MIN_SECRET_BYTES = 32
 MAX_CREDENTIAL_CHARS = 4096
 
@@ -269,18 +269,6 @@ def origin_allowed(origin: str | None, host: str, allowed: Iterable[str]) -> boo
     # A proxy that forwards ``Host: $host`` (nginx) drops the port: then the host name
     # alone decides, as a page on another port of the same host is the same site anyway.
     return ":" not in host.rsplit("]", 1)[-1] and parts.hostname == host.strip("[]")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with the values of secret-bearing query parameters replaced, for logs."""
-    parts = urlsplit(url)
-    if not parts.query:
-        return url
-    pairs = [
-        (k, "REDACTED" if k.lower() in SECRET_QUERY_PARAMS else v)
-        for k, v in parse_qsl(parts.query, keep_blank_values=True)
-    ]
-    return urlunsplit(parts._replace(query=urlencode(pairs)))
 
 
 _SECRET_TEXT = re.compile(

@@ -10,7 +10,7 @@ the worker with the fewest clients:
 
     client --TCP--> main process: accept --fd--> worker w: the same aiohttp server as ever
 
-* :func:`pick_worker` decides, without I/O: the fewest clients by the last beat plus those
+* :func:`hand_order` decides, without I/O: the fewest clients by the last beat plus those
   handed to it since (handed minus what its beat says it received), lowest index on a
   tie, among the warm workers under a fair share (while others still warm up, the rest go
   to those, which ask the client to come back: see its docstring).
@@ -57,9 +57,16 @@ def estimates(clients: Sequence[int], handed: Sequence[int], received: Sequence[
 def hand_order(
     clients: Sequence[int], handed: Sequence[int], received: Sequence[int], warm: Sequence[bool]
 ) -> list[int]:
-    """The workers in the order they should get the next connection: the first is
-    :func:`pick_worker`'s choice, the rest (by the same estimate) take it when the ones
-    before cannot (gone, or a full queue)."""
+    """The workers in the order they should get the next connection; the rest (by the
+    same estimate) take it when the ones before cannot (gone, or a full queue).
+
+    ``clients``: each worker's clients at its last beat; ``handed``: sockets handed to it
+    so far; ``received``: how many of those its last beat said it had taken in;
+    ``warm``: whether its engine is warm. The fewest clients goes first, among the warm
+    workers under a fair share (``ceil((all clients + 1) / workers)``); past that, while
+    others still warm up, the connection goes to one of them (which answers 503 with
+    Retry-After until it is warm): otherwise the first warm worker after a restart would
+    take every reconnecting camera, and WebSockets never move afterwards."""
     est = estimates(clients, handed, received)
     fair = -(-(sum(est) + 1) // len(est))
     by_load = sorted(range(len(est)), key=lambda i: (est[i], i))
@@ -67,24 +74,9 @@ def hand_order(
     return [first[0], *(i for i in by_load if i != first[0])]
 
 
-def pick_worker(
-    clients: Sequence[int], handed: Sequence[int], received: Sequence[int], warm: Sequence[bool]
-) -> int:
-    """The worker to get the next connection (see the module docstring).
-
-    ``clients``: each worker's clients at its last beat; ``handed``: sockets handed to it
-    so far; ``received``: how many of those its last beat said it had taken in;
-    ``warm``: whether its engine is warm. The fewest clients wins, among the warm workers
-    under a fair share (``ceil((all clients + 1) / workers)``); past that, while others
-    still warm up, the connection goes to one of them (which answers 503 with Retry-After
-    until it is warm): otherwise the first warm worker after a restart would take every
-    reconnecting camera, and WebSockets never move afterwards."""
-    return hand_order(clients, handed, received, warm)[0]
-
-
 class Balancer:
     """The main process's listening sockets on ``host``:``port`` and the thread that
-    accepts connections and hands each to a worker (:func:`pick_worker`)."""
+    accepts connections and hands each to a worker (first of :func:`hand_order`)."""
 
     def __init__(self, host: str | None, port: int, workers: int, backlog: int = 1024) -> None:
         self.listeners = _listen(host, port, backlog)

@@ -374,7 +374,7 @@ def test_origins() -> None:
 
 def test_urls_are_redacted_for_logs() -> None:
     url = "/ws?mode=every&access_token=SECRET&resume=abc.def"
-    red = auth.redact_url(url)
+    red = auth.redact_text(f"GET {url} HTTP/1.1")
     assert "SECRET" not in red and "abc.def" not in red and "mode=every" in red
 
 

@@ -25,12 +25,12 @@ from edge_vision.engines.triton import (
     TensorInfo,
     TritonMetrics,
     check_model_io,
-    config_model_io,
     engine_max_batch,
     onnx_model_io,
     statistics_totals,
 )
 from edge_vision.model.spec import ModelSpec
+from tests.support.triton import config_model_io
 
 from ..support import kustomize
 

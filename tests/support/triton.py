@@ -16,9 +16,12 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
+
+from edge_vision.engines.triton import ModelIO, TensorInfo
 
 from .server import free_port
 from .timing import T
@@ -241,3 +244,25 @@ class TritonCounts:
                 if n - before.batch_sizes.get(size, 0)
             },
         )
+
+
+def config_model_io(config: Any) -> ModelIO:
+    """What Triton will report for a ``config.pbtxt`` (a ``ModelConfig`` protobuf).
+
+    Triton's metadata puts a ``-1`` batch dimension in front of ``dims`` when
+    ``max_batch_size`` > 0, and names datatypes without the ``TYPE_`` prefix.
+    """
+    from tritonclient.grpc import model_config_pb2
+
+    batch = (-1,) if config.max_batch_size > 0 else ()
+
+    def info(t: Any) -> TensorInfo:
+        name = model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_")
+        datatype = "BYTES" if name == "STRING" else name
+        return TensorInfo(str(t.name), datatype, batch + tuple(int(d) for d in t.dims))
+
+    return ModelIO(
+        inputs=tuple(info(t) for t in config.input),
+        outputs=tuple(info(t) for t in config.output),
+        max_batch_size=int(config.max_batch_size),
+    )

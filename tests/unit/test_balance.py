@@ -1,8 +1,17 @@
-"""The node's connection balancer's decision (edge_vision.serve.balance.pick_worker): no I/O."""
+"""The node's connection balancer's decision (edge_vision.serve.balance.hand_order): no I/O."""
 
 from __future__ import annotations
 
-from edge_vision.serve.balance import pick_worker
+from collections.abc import Sequence
+
+from edge_vision.serve.balance import hand_order
+
+
+def pick_worker(
+    clients: Sequence[int], handed: Sequence[int], received: Sequence[int], warm: Sequence[bool]
+) -> int:
+    """The worker that gets the next connection: the first of the hand-over order."""
+    return hand_order(clients, handed, received, warm)[0]
 
 
 def test_the_worker_with_the_fewest_clients_gets_the_connection() -> None:
@@ -38,3 +47,11 @@ def test_a_warm_worker_takes_connections_up_to_a_fair_share_while_others_warm_up
 
 def test_ties_go_to_the_lowest_worker() -> None:
     assert pick_worker([1, 1, 1], [0, 0, 0], [0, 0, 0], [True] * 3) == 0
+
+
+def test_the_hand_over_order_falls_back_by_load() -> None:
+    """When the first choice cannot take the socket (gone, full queue), the next by load
+    does: every worker appears once, the rest in order of their estimated clients."""
+    assert hand_order([3, 1, 2], [0, 0, 0], [0, 0, 0], [True] * 3) == [1, 2, 0]
+    # The handed-but-not-yet-counted sockets move a worker back in the order.
+    assert hand_order([0, 0, 0], [2, 0, 1], [0, 0, 0], [True] * 3) == [1, 2, 0]

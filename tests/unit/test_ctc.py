@@ -52,14 +52,6 @@ def test_nothing_read_is_an_empty_string_with_score_zero() -> None:
     assert decode_one([0, 0, 0]) == ("", 0.0)
 
 
-def test_decoding_from_full_probabilities_takes_the_argmax_per_column() -> None:
-    probs = np.zeros((1, 4, 5), np.float32)
-    for t, c in enumerate([2, 0, 3, 3]):
-        probs[0, t, c] = 0.7
-        probs[0, t, (c + 1) % 5] = 0.3
-    assert DECODER.decode_probabilities(probs) == [("B7", pytest.approx(0.7))]
-
-
 def test_a_class_past_the_character_list_is_a_model_error() -> None:
     with pytest.raises(ModelError, match="5 classes"):
         decode_one([1, 9])
