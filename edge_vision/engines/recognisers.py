@@ -81,6 +81,7 @@ class TorchRecogniser:
     def __init__(self, path: Path, device: str = "cuda:0", fp16: bool = True) -> None:
         import torch
 
+        # Optional dependency: torch / TensorRT load only when this runner is asked for.
         from ..engines.onnx_torch import OnnxGraphModule
 
         self._torch = torch
@@ -125,6 +126,7 @@ def load_recogniser(
     if kind == "torch":
         return TorchRecogniser(model, device, fp16)
     if kind == "tensorrt":
+        # Optional dependency: torch / TensorRT load only when this runner is asked for.
         from ..engines.tensorrt.recogniser import TensorRTRecogniser
 
         try:

@@ -124,6 +124,7 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
         self._device = device
         if device.type == "cuda":  # engine.cuda_sync, before torch opens the device
             self._set_cuda_sync(device.index or 0)
+        # Optional dependency: the converter imports torch.
         from .onnx_torch import OnnxGraphModule
 
         dtype = torch.float16 if (self.tcfg.fp16 and self.cuda) else torch.float32

@@ -43,6 +43,7 @@ from aiohttp import web
 
 from ..common import systemd
 from ..common.aio import cancel_and_wait, with_timeout
+from ..common.memory import fix_mmap_threshold, freeze_startup_heap
 from ..config import Config, ServerConfig
 from ..errors import ConfigError
 from .app_keys import CONNECTIONS, METRICS, SERVICE, STARTUP, STATE
@@ -417,8 +418,6 @@ def _settle_heap() -> None:
     """Once this process's engine is warm, before it takes a session: freeze the start-up
     heap (memory.py), so the collector's full passes no longer stall every session of the
     process."""
-    from ..common.memory import freeze_startup_heap
-
     frozen, ms = freeze_startup_heap()
     log.info("%d start-up objects frozen for the collector (its pass took %.0f ms)", frozen, ms)
 
@@ -441,11 +440,9 @@ def _tune_process(server: ServerConfig) -> None:
     """The settings that hold for a whole serving process: glibc's mmap threshold and the
     GIL's switch interval. (OpenCV's own threads follow where frames are letterboxed: the
     pipeline sets them, threads.opencv_threads.)"""
-    if server.mmap_threshold_bytes is not None:
-        from ..common.memory import fix_mmap_threshold
-
-        if not fix_mmap_threshold(server.mmap_threshold_bytes):
-            log.info("server.mmap_threshold_bytes: mallopt is not available here")
+    mmap_threshold = server.mmap_threshold_bytes
+    if mmap_threshold is not None and not fix_mmap_threshold(mmap_threshold):
+        log.info("server.mmap_threshold_bytes: mallopt is not available here")
     if server.gil_switch_ms is not None:
         sys.setswitchinterval(server.gil_switch_ms / 1000.0)
 

@@ -150,6 +150,7 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
     config = config_for_build(args)
     from tqdm import tqdm
 
+    # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
     from ..engines.tensorrt import build_for_config, profile_for, validate_build_settings
     from ..model.spec import decide_max_batch, load_model_spec
 

@@ -62,6 +62,7 @@ def calibration_frames(
     sampled evenly over its length rather than read from the start only, so calibration
     sees the scene's variety.
     """
+    # Video sources (OpenCV capture) load only when calibrating from a clip.
     from ...common.sources import Cut, SourceError, open_source
 
     try:

@@ -30,7 +30,12 @@ import numpy.typing as npt
 
 from ...common.agreement import Agreement, match_detections
 from ...config import Config
+from ...errors import EdgeVisionError, EngineError
+from ...model.heads import Head, choose_head
+from ...model.shape import plan_letterbox
 from ...model.spec import ModelSpec
+from .. import create_engine
+from .calibration import calibration_frames
 from .plan_store import PlanKey, PlanRecord, write_cache_atomically, write_plan_atomically
 from .profile import calibration_shape
 
@@ -142,8 +147,6 @@ def log_fallback(summary: str, refusal: Path | None = None) -> None:
 def gate_frames(config: Config, spec: ModelSpec, key: PlanKey) -> tuple[list[U8Array], bool]:
     """Frames of the calibration source that calibration did not use (and whether they
     really are held back: a source with no frames to spare gives calibration frames)."""
-    from .calibration import calibration_frames
-
     tcfg = config.engine.tensorrt
     if tcfg.calibration_source is None:
         raise ValueError("the INT8 gate needs engine.tensorrt.calibration_source")
@@ -184,10 +187,6 @@ async def detections_of(
     kind: str, spec: ModelSpec, config: Config, frames: Sequence[U8Array]
 ) -> list[F32Array]:
     """Each letterboxed frame's detections (frame = model input, no letterbox to undo)."""
-    from ...model.heads import Head, choose_head
-    from ...model.shape import plan_letterbox
-    from .. import create_engine
-
     engine = create_engine(kind, spec, config)
     await engine.start()
     try:
@@ -213,8 +212,6 @@ def run_gate(
 ) -> GateVerdict | None:
     """The gate for a just-built plan: None unless it is INT8 with the gate on. The
     figures go into the plan's record (``extra.int8_gate``)."""
-    from ...errors import EdgeVisionError, EngineError
-
     tcfg = config.engine.tensorrt
     if key.precision != "int8" or tcfg.int8_min_agreement <= 0:
         return None

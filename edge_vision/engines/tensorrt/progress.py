@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any, Protocol
 
+from ...common import systemd
+
 log = logging.getLogger(__name__)
 
 
@@ -52,8 +54,6 @@ class LogBuildProgress:
     def _emit(self, text: str) -> None:
         log.info("TensorRT build: %s", text)
         if self._notify:
-            from ...common import systemd
-
             with contextlib.suppress(OSError):
                 systemd.notify(
                     f"EXTEND_TIMEOUT_USEC=120000000\nSTATUS=building TensorRT plan: {text}"

@@ -9,6 +9,7 @@ from typing import Any
 def register_cli(sub: Any) -> None:
     """Register ``bench`` (the command module, and the CLI it needs, load on demand, so
     camera processes that import this package stay light and free of import cycles)."""
+    # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
     from .command import register
 
     register(sub)

@@ -25,6 +25,7 @@ import numpy.typing as npt
 def _build(model_path: str | None, threads: int) -> Any:
     import onnxruntime as ort
 
+    # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
     from ...config import ModelConfig
     from ...model.heads import DbnetHead
     from ...model.shape import letterbox_into, normalise_into, plan_for_frame

@@ -117,6 +117,7 @@ def _load_run(
 ) -> dict[str, Any]:
     from tqdm import tqdm
 
+    # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
     from .load import (
         CameraPlan,
         children_cpu_seconds,
@@ -394,6 +395,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, config: Any) -> int:
+    # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
     from ...model.spec import load_model_spec
     from .frames import encode_jpegs, generated_frames, video_frames
 
@@ -521,6 +523,7 @@ async def _engine_ceiling(
     sizes: list[int] | None,
     start_at: float | None = None,
 ) -> dict[str, Any]:
+    # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
     from .engine_only import measure_engine
 
     return await measure_engine(spec, config, width, height, seconds, sizes, start_at=start_at)

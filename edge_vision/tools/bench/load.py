@@ -63,6 +63,7 @@ async def run_camera(plan: CameraPlan, progress: Any) -> CameraResult:
     client (edge_vision.client): its books say what became of each frame."""
     import aiohttp
 
+    # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
     from ...client import EdgeVisionClient, Result
     from ...errors import ConnectFailed, ConnectionClosed
 

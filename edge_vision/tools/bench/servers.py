@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .load import rss_mib
+
 #: How long a bench's server may take to become ready (``--server-ready-s``).
 SERVER_READY_S = 300.0
 
@@ -96,8 +98,6 @@ class Server:
         return f"ws://127.0.0.1:{self.port}/ws"
 
     def sample(self, t: float) -> None:
-        from .load import rss_mib
-
         if self.proc is not None:
             mib = rss_mib(self.proc.pid)
             if mib is not None:

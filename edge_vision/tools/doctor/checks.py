@@ -208,6 +208,7 @@ class Doctor:
     def _probe_layers(self) -> None:
         if self._layers:
             return
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from ...engines.cuda import open_runtime
         from ...engines.cuda.base import _BACKENDS
 
@@ -225,6 +226,7 @@ class Doctor:
             rt.close()
 
     def check_cuda_layers(self) -> Check:
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from ...engines.cuda import open_runtime
 
         self._probe_layers()
@@ -247,6 +249,7 @@ class Doctor:
     def _tensorrt(self) -> Any:
         if self._trt is None and self._trt_error is None:
             try:
+                # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
                 from ...engines.tensorrt import import_tensorrt
 
                 self._trt = import_tensorrt()
@@ -264,6 +267,7 @@ class Doctor:
         trt = self._tensorrt()
         if trt is None:
             return Check("dla cores", NA, f"needs TensorRT ({self._trt_error})")
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from ...engines.tensorrt.library import trt_logger
 
         builder = trt.Builder(trt_logger(trt))
@@ -271,6 +275,7 @@ class Doctor:
         return Check("dla cores", INFO, f"{cores} DLA core(s)", {"dla_cores": cores})
 
     def check_decoder(self) -> Check:
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from ...frames.decode import pick_decoder
 
         cfg = self.config.decode
@@ -294,6 +299,7 @@ class Doctor:
         trt = self._tensorrt()
         if trt is None:
             return Check("tensorrt plan", NA, f"needs TensorRT ({self._trt_error})")
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from ...engines.cuda import open_runtime
         from ...engines.tensorrt import (
             LogBuildProgress,
@@ -371,6 +377,7 @@ class Doctor:
                 ok, enc = cv2.imencode(".jpg", bgr)
                 self._frame = (np.ascontiguousarray(bgr), bytes(enc) if ok else data)
             else:
+                # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
                 from ..bench.frames import encode_jpegs, generated_frames
 
                 rgb = generated_frames(1280, 720, 1)[0]
@@ -481,6 +488,7 @@ class Doctor:
         return "fp32"
 
     def check_latency(self) -> list[Check]:
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from ...model.spec import load_model_spec
         from ..bench.engine_only import measure_engine
 

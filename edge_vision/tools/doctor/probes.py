@@ -96,6 +96,7 @@ def compare_with_reference(
     name: str, got: dict[str, Any], ref: dict[str, Any], precision: str
 ) -> Check:
     """The engine under test against ONNX Runtime: raw output error and detections."""
+    # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
     from ...common.agreement import match_detections
 
     got_raw, ref_raw = got["raw"], ref["raw"]
@@ -150,6 +151,7 @@ def _as_byte_maps(got: np.ndarray, ref: np.ndarray, threshold: float) -> tuple[A
     pixel whose value crossed a step), not the byte map's rounding."""
     import torch
 
+    # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
     from ...model.device_post import db_map_bytes, db_map_levels
 
     levels = db_map_levels(threshold)
@@ -160,6 +162,7 @@ def _as_byte_maps(got: np.ndarray, ref: np.ndarray, threshold: float) -> tuple[A
 async def serve_one_frame(config: Config, bgr: U8Array, jpeg: bytes) -> dict[str, Any]:
     """One engine, one real frame: its raw output on the letterboxed frame and the
     detections the service answers for the JPEG (decoder, letterbox, engine, head)."""
+    # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
     from ...common.messages import FrameMessage
     from ...frames.infer import InferenceService
     from ...frames.pipeline import FramePipeline, FrameSettings

@@ -59,6 +59,7 @@ def __getattr__(name: str) -> Any:
     """The remote target's names, imported when first asked for: ``edge-vision`` builds its
     parser from this package, and the client (aiohttp) is needed only with ``--url``."""
     if name in _REMOTE:
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from . import remote_target
 
         return getattr(remote_target, name)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 from ...common.sources import SourceFrame
+from ..bench.stats import summary
 
 T = TypeVar("T")
 Status = Literal["answered", "dropped", "error", "unanswered"]
@@ -84,8 +85,6 @@ class FrameRecord:
 def percentiles(values: Sequence[float]) -> dict[str, float]:
     """p50, p95, p99 (bench's, numpy's linear interpolation) and max, rounded to 0.01;
     nothing for no values."""
-    from ..bench.stats import summary
-
     if not values:
         return {}
     stats = summary(values)

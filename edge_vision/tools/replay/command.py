@@ -125,6 +125,7 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
     if args.timeout <= 0:
         raise ReplayError("--timeout must be > 0")
     if args.out is not None:
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from ..annotate import video_fourcc
 
         video_fourcc(args.out, args.fourcc)  # a bad --out fails before the model loads

@@ -58,6 +58,7 @@ class LocalTarget:
         self._closed = False
 
     async def start(self) -> None:
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from ...frames.infer import InferenceService
         from ...frames.pipeline import FramePipeline, FrameSettings
         from ...model.spec import load_model_spec
@@ -101,6 +102,7 @@ class LocalTarget:
 
     async def _answer(self, ticket: FrameTicket) -> None:
         """The core's Send: this reply is next in frame order (the server would send it)."""
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from ...frames.pipeline import FrameResult
         from ...session import reply
 

@@ -105,6 +105,7 @@ class Replay:
     def _make_target(self, mode: Mode) -> Target:
         opts = self.opts
         if opts.url:
+            # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
             from .remote_target import RemoteTarget  # the client and aiohttp: only with --url
 
             return RemoteTarget(opts, mode, self.deliver)
@@ -237,6 +238,7 @@ class Replay:
             },
         }
         if self.opts.url:  # the remote target's own counts
+            # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
             from .remote_target import RemoteTarget
 
             assert isinstance(target, RemoteTarget)

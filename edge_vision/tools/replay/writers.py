@@ -101,6 +101,7 @@ class Recorder:
         fourcc: str | None,
         progress: bool,
     ) -> None:
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from ..annotate import VideoSink
 
         self.stats = ReplayStats()
@@ -158,6 +159,7 @@ class Recorder:
 
 def annotated(record: FrameRecord) -> Any:
     """The frame's pixels with its own outcome drawn on them (in place: the frame is done)."""
+    # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
     from ..annotate import draw_detections, draw_frame_number, mark_no_result
 
     oc = record.outcome
