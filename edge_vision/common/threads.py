@@ -70,12 +70,13 @@ def opencv_threads(explicit: int | None, cuda_engine: bool) -> int:
     OpenCV's default (one a core).
 
     On a GPU host each worker process already runs its frames on many threads, and an
-    OpenCV pool of one thread a core under each of them only adds hand-offs. Measured on
-    the H200 (16 cores, docs/benchmarks.md): with frames letterboxed on the GPU, where
-    OpenCV only post-processes small maps, the pool took 6x the CPU for the same time;
-    with the host letterbox (4 workers, 64 cameras), one thread used 21 % less CPU a frame
-    and answered 21 % more frames. On the 2-core CPU path (ONNX Runtime) one thread
-    answered 15-28 % fewer frames, so CPU engines keep OpenCV's default."""
+    OpenCV pool of one thread a core under each of them only adds hand-offs: with frames
+    letterboxed on the GPU, where OpenCV only post-processes small maps, the pool costs
+    several times the CPU for the same time, and with the host letterbox one thread costs
+    less CPU a frame and answers more frames. On a CPU engine's few cores (ONNX Runtime)
+    one thread answers fewer frames, so CPU engines keep OpenCV's default
+    (docs/benchmarks.md, "a fair host path, and where the GIL goes" and "OpenCV's own
+    threads on the CPU path")."""
     if explicit is not None:
         return explicit
     return 1 if cuda_engine else -1

@@ -47,9 +47,10 @@ class TorchConfig(EngineSection):
         False,
         description="On a CUDA device, convolutions run on NHWC tensors (the frames already "
         "arrive NHWC) and cuDNN picks each convolution's fastest algorithm at warm-up, "
-        "before the CUDA graphs are captured. Off by default: on the H200 it changed the "
-        "engine's ceiling by -4 % at batch 8 and +2 % at batch 16 (docs/benchmarks.md), "
-        "and the GPU tests against ONNX Runtime have not run with it.",
+        "before the CUDA graphs are captured. Off by default: the engine's ceiling with it "
+        "is within noise of without (docs/benchmarks.md, 'what holds 64 cameras back, and "
+        "the final before/after'), and the GPU tests against ONNX Runtime do not run "
+        "with it.",
     )
     device_post: bool = Field(
         True,
@@ -69,11 +70,11 @@ class TorchConfig(EngineSection):
         "(batch, shape): the ONNX graph traced into one flat graph of torch operators, "
         "compiled whole so elementwise kernels fuse, then captured in the CUDA graphs "
         "(engines/torch_compile.py). Tens of seconds a shape at warm-up, cached on disk in "
-        "compile_cache; max-autotune tries more kernels and takes longer. On the H200 the "
-        "default detector ran 2.0-2.3x faster alone (batch 4-16, FP16), after ~12 s of "
-        "compile a batch bucket; on the 2-core CPU machine 1.7x (docs/benchmarks.md). Off "
-        "by default: the first start compiles for about a minute, and a Jetson's torch may "
-        "lack Triton for its GPU (edge-vision doctor says).",
+        "compile_cache; max-autotune tries more kernels and takes longer. Compiled, the "
+        "engine runs the default detector markedly faster, on a GPU and on a CPU "
+        "(docs/benchmarks.md, 'the engine compiled' and 'On the 2-core machine, the same "
+        "morning'). Off by default: the first start compiles for about a minute, and a "
+        "Jetson's torch may lack Triton for its GPU (edge-vision doctor says).",
     )
     compile_cache: Path = Field(
         Path("engines/torch-compile"),
@@ -221,8 +222,9 @@ class EngineConfig(_Section):
         "whole wait while the process has fewer CUDA contexts than the machine has cores "
         "(always, for a worker); blocking, the device's primary context is made with "
         "CU_CTX_SCHED_BLOCKING_SYNC, so a waiting thread sleeps (needs cuda-python). The "
-        "service's own waits already sleep (blocking-sync events). On an H200 at 64 cameras "
-        "blocking saved no CPU (docs/benchmarks.md, 2026-12-02 midday), so auto stays.",
+        "service's own waits already sleep (blocking-sync events), so blocking saves no "
+        "CPU and auto is the default (docs/benchmarks.md, 'the same-run before/after and "
+        "the push').",
     )
     onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
     torch: TorchConfig = Field(default_factory=TorchConfig)

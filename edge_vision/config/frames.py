@@ -49,11 +49,11 @@ class DecodeConfig(_Section):
         "or auto when a GPU decoder started) waits for others before its call goes, counted "
         "from its arrival, so a frame that already waited that long for a busy stream goes "
         "at once; decode.device_batch waiting frames go at once. 0: a frame goes as soon as a "
-        "device stream is free. A device call's host cost is mostly a cost per call (5x less "
-        "a frame at batch 8 than at 1, docs/benchmarks.md), so a few milliseconds here buy "
-        "fewer, fuller calls, and fuller engine batches after them, for that much latency: "
-        "at 64 cameras on an H200, 12 ms took 40 % off the server's CPU a frame, and 20 ms "
-        "with 6 workers left a quarter of the host path's (docs/deployment.md).",
+        "device stream is free. A device call's host cost is mostly a cost per call, not "
+        "per frame, so a few milliseconds here buy fewer, fuller calls, and fuller engine "
+        "batches after them, for that much latency: much less server CPU a frame where the "
+        "host's CPU is the limit (docs/benchmarks.md, 'the moved decoder, the push on one "
+        "server, and the decode window'; docs/deployment.md).",
     )
     device_window_adaptive: bool = Field(
         True,
@@ -77,18 +77,20 @@ class DecodeConfig(_Section):
         "device frames) before a call waits it out. 1: wait whenever another frame should "
         "come within it. More: wait only while this worker is busy enough that its calls "
         "would otherwise stay small, where the per-call host cost the window saves is what "
-        "limits the node; below that load frames go at once. On the H200 with 6 workers and "
-        "20 ms, 4.5 waited at 64 cameras (about 6 frames a window a worker: 4.6x less server "
-        "CPU a frame than the host path, p99 44 ms) and seldom at 32 (about 3: p99 17 ms; "
-        "37 without min_frames in a run of 2026-12-03) (docs/deployment.md).",
+        "limits the node; below that load frames go at once. With 6 workers, 20 ms and 30 "
+        "fps a camera, 4.5 waits at 64 cameras (about 6 frames a window a worker), where "
+        "the window saves CPU, and seldom at 32 (about 3), where it would only add latency "
+        "(docs/benchmarks.md, 'one configuration for 64 and 32 cameras'; "
+        "docs/deployment.md).",
     )
     device_wait: Literal["host", "stream"] = Field(
         "host",
         description="Who waits for a device decode (decode.device cuda): host, the decode "
         "thread waits for the decoder's stream before the frame goes on; stream, the "
         "engine's CUDA stream waits on the GPU for each canvas's event, so the decode "
-        "thread is free at once. On the H200 at 64 cameras stream answered within noise "
-        "of host and took 8-28 % more server CPU a frame (docs/benchmarks.md).",
+        "thread is free at once. host is the default: stream answers no more frames and "
+        "takes more server CPU a frame (docs/benchmarks.md, 'MPS, eight workers and the "
+        "stream hand-off').",
     )
     pool_idle_bytes: int = Field(
         16 * 1024 * 1024,

@@ -116,11 +116,13 @@ class ServerConfig(_Section):
         le=256,
         description="Threads OpenCV may use inside one call (cv2.setNumThreads), in each "
         "worker process. None: 1 while a CUDA engine serves (frames letterboxed on the GPU "
-        "or the host), else OpenCV's one per core. On the H200 (16 cores) OpenCV's pool "
-        "under each worker's frame threads took 6x the CPU of one thread for the same DB "
-        "post-processing, and with the host letterbox one thread used 21 % less CPU a "
-        "frame and answered 21 % more (docs/benchmarks.md). On the 2-core CPU path "
-        "(ONNX Runtime) 1 answered 15-28 % fewer frames than the default.",
+        "or the host), else OpenCV's one per core. Under a CUDA engine, OpenCV's pool "
+        "under each worker's frame threads costs several times one thread's CPU for the "
+        "same DB post-processing, and with the host letterbox one thread costs less CPU a "
+        "frame and answers more frames; on the CPU path (ONNX Runtime) 1 answers fewer "
+        "frames than the default "
+        "(docs/benchmarks.md, 'a fair host path, and where the GIL goes' and 'OpenCV's own "
+        "threads on the CPU path').",
     )
     gil_switch_ms: float | None = Field(
         None,
@@ -129,8 +131,9 @@ class ServerConfig(_Section):
         description="Each worker process's GIL switch interval (sys.setswitchinterval), in "
         "ms; none keeps Python's 5 ms. A thread back from native code (OpenCV, the GPU "
         "decoder, a CUDA wait) can wait up to this long for the GIL while another thread "
-        "runs Python. For tuning: 0.5 ms made no difference at 64 cameras on the H200 "
-        "(docs/benchmarks.md).",
+        "runs Python. For tuning: a shorter interval did not change how many frames a GPU "
+        "node answered (docs/benchmarks.md, 'what holds 64 cameras back, and the final "
+        "before/after').",
     )
     event_loop: Literal["asyncio", "uvloop"] = Field(
         "asyncio",

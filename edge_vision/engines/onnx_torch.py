@@ -1,7 +1,7 @@
 """Run an ONNX graph with torch ops: the ``torch`` engine's own small converter.
 
 Why our own and not onnx2torch: the default model needs two things onnx2torch lacks
-(found on the H200 on 2026-11-30, docs/benchmarks.md): Conv/MaxPool with
+(docs/benchmarks.md, the first "Engine only" section): Conv/MaxPool with
 ``auto_pad=SAME_UPPER``, and Resize scales that stay host constants so CUDA graph
 capture never reads a device tensor back to the host. The
 interpreter covers the operators of PP-OCR det and rec and of Ultralytics YOLO v5/v8/v11 exports

@@ -3,10 +3,10 @@ shape, then compiled whole, so its elementwise kernels fuse.
 
 The torch engine's converter (onnx_torch.py) is an interpreter: ``forward`` walks the ONNX
 nodes in Python, computing shape arithmetic on the host as it goes. A CUDA graph removes
-its Python cost from each batch, but every node stays a kernel of its own, and unfused
-elementwise kernels (activations, adds, multiplies) took the largest share of the GPU's
-time on the H200 (issue 11, 2026-12-01). ``torch.compile`` around the interpreter had to
-trace that loop itself and hit dynamo's recompile limit.
+its Python cost from each batch, but every node stays a kernel of its own, so each
+elementwise operator (activations, adds, multiplies) is a separate pass over memory.
+Handing the interpreter itself to ``torch.compile`` would leave dynamo to trace that Python
+loop and its shape arithmetic (docs/benchmarks.md, "the engine compiled").
 
 Here the engine's whole forward for one ``(batch, height, width)`` (the uint8 NHWC input's
 layout and normalisation, the network, the device post-processing) is traced once with
@@ -53,12 +53,11 @@ def release_compile_workers() -> None:
     """Let inductor's compile worker processes go. Inductor compiles in a pool of worker
     processes (``TORCHINDUCTOR_COMPILE_THREADS`` of them) and keeps the pool after the
     compiles end, until it has idled a while (60 s in torch 2.13's default); everything
-    here compiles in the engine's warm-up, so the pool is shut down when that ends. On the
-    H200, 12 compiled engine workers at 64 cameras held about 48 GiB more resident memory
-    (theirs and their children's) in the run's first 33 s than after it
-    (docs/benchmarks.md), most likely those idle pools. A later warm-up that compiles
-    starts a new pool. A pool that will not shut down is logged, not raised: serving does
-    not depend on it."""
+    here compiles in the engine's warm-up, so the pool is shut down when that ends: the
+    idle pools of a node's engine workers are the likely holders of a large rise in
+    resident memory after warm-up (docs/benchmarks.md, "the engine compiled"). A later
+    warm-up that compiles starts a new pool. A pool that will not shut down is logged, not
+    raised: serving does not depend on it."""
     try:
         from torch._inductor.async_compile import shutdown_compile_workers
     except ImportError:  # a torch without it keeps its pool

@@ -214,23 +214,24 @@ class DecodeBatcher:
     arrivals, each counted at most two windows, times ``min_frames`` is no longer than the
     window), so a worker whose frames come further apart, one camera or a light load, pays
     no latency for calls that would carry few frames anyway (after a busier spell, once
-    the average has caught up: with ``min_frames`` 1, 17-19 frames of one camera at 30 fps
-    and a 20 ms window, against 7-8 with the exponential average before 2026-12-04).
+    the average has caught up: with ``min_frames`` 1, one camera at 30 fps and a 20 ms
+    window still waits for its next 17-19 frames).
     ``min_frames`` 1 waits whenever the window should gather another frame; more keeps the
     wait for a worker busy enough that its calls would otherwise stay small, where the
-    per-call host cost the window saves is what limits the node. (A first version stopped
-    each wait as soon as the next frame looked due after the window's end; at 64 cameras on
-    the H200 that cut windows short, engine batches fell from 2.8 to 2.4 frames and the CPU
-    saved shrank.)
+    per-call host cost the window saves is what limits the node. Whether to wait depends on
+    that average only, not on when the next frame looks due: stopping a wait once the next
+    frame looks due after the window's end would cut windows short under load and leave
+    the engine's batches smaller (docs/benchmarks.md, "the decode window at 60 s, the
+    adaptive window, and fewer workers").
     Host frames are one worker job each in the shared pool; device calls run on
     ``in_flight`` threads of their own.
     """
 
     # How many recent gaps between device frames the adaptive window averages: enough
     # that a few frames read back to back after the event loop was busy (a run of near-zero
-    # gaps) do not look like a busier worker (an exponential average weighting each new gap
-    # 1/8 did, at 32 cameras on the H200, and held calls that should have gone), few enough
-    # to follow the load within a fraction of a second. Each gap counts at most two
+    # gaps) do not look like a busier worker and hold calls that should go (a shorter
+    # average does: docs/benchmarks.md, "one configuration for 64 and 32 cameras"), few
+    # enough to follow the load within a fraction of a second. Each gap counts at most two
     # windows, whatever min_frames asks: a lower cap would shorten the long gaps of a
     # light, bursty load and pull its average under the threshold.
     GAP_HISTORY = 32

@@ -209,8 +209,8 @@ class CudaBatchDecoder:
 
     def _warm(self, codec: NvImgCodecJpeg, streams: int) -> None:
         """Each stream's nvImageCodec decoder made and run once now, not on the first
-        camera frames: on the H200 the first frames of a 64-camera run waited up to 3.8 s
-        for them (docs/benchmarks.md)."""
+        camera frames, which would otherwise wait seconds for them (docs/benchmarks.md,
+        "where the CPU went, and the GPU frame path")."""
         tiny = cv2.imencode(".jpg", np.full((16, 16, 3), 128, np.uint8))[1].tobytes()
         held = [self._streams.get() for _ in range(streams)]
         try:
@@ -276,9 +276,9 @@ class CudaBatchDecoder:
 
     def _wait(self, stream: Any) -> None:
         """Block this worker thread until ``stream``'s work is done, asleep: a blocking-sync
-        event, where ``Stream.synchronize`` spins a core for the whole wait (on the H200 at
-        64 cameras the spinning was a fifth of the server's CPU, py-spy,
-        docs/benchmarks.md)."""
+        event, where ``Stream.synchronize`` spins a core for the whole wait, which under load
+        adds up to a large share of the server's CPU (docs/benchmarks.md, "where the CPU
+        went, and the GPU frame path")."""
         if isinstance(stream, _NoStream):
             stream.synchronize()
             return

@@ -27,14 +27,12 @@ Ids count up from 1 per tracker and are never reused within a session.
 Cost: a frame of a live camera holds a few boxes, and the update runs on the event loop
 for every answered frame (connection.py, in reply order, which keeps one session's updates
 in frame order and never two at once), so the tracks are plain Python records and a few
-boxes are paired by plain arithmetic. With numpy arrays for the tracks, numpy's cost a
-call (about 60 calls an update) was most of an update's time at 2 boxes, and the updates
-were 12 % of the whole server's GIL time at 64 cameras on the H200 (py-spy,
-docs/bench-data/2026-12-03-h200-session10/call2/profile-gil.txt). Many boxes (a printed
-page) are paired by numpy, sweeping only the (detections × tracks) pairs that can overlap.
-On the 2-core machine (``python -m benchmarks.tracker``, docs/results.md) an update
-takes 0.04 ms at 2 boxes (0.23 with arrays), 0.2 at 20 and about 1.8 at 300 (1.1 with
-arrays: the price of the few-box case, paid by pages of words).
+boxes are paired by plain arithmetic: for a handful of boxes numpy's fixed cost a call
+outweighs the arithmetic it does, on every answered frame. Many boxes (a printed page) are
+paired by numpy, sweeping only the (detections × tracks) pairs that can overlap; a page's
+update costs more with plain records than it would with arrays, the price of the few-box
+case (``python -m benchmarks.tracker``; docs/results.md, "Track ids";
+docs/benchmarks.md, "fewer numpy calls a frame, and 4× in one run").
 """
 
 from __future__ import annotations

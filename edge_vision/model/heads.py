@@ -152,8 +152,9 @@ class DbnetHead:
             prob = prob.astype(np.float32, copy=False)
         # Only the letterboxed frame, not the padding, can hold text.
         region = prob[lb.pad_y : lb.pad_y + lb.new_h, lb.pad_x : lb.pad_x + lb.new_w]
-        # A byte map is binarised already (its top bit): one OpenCV pass reads it out (a
-        # third of numpy's time on the H200's 640x352 maps); bool -> 0/1 is a view.
+        # A byte map is binarised already (its top bit): one OpenCV pass reads it out, in less
+        # time than numpy's comparison (docs/benchmarks.md, "The per-frame cuts"); bool -> 0/1
+        # is a view.
         if on_device:
             bitmap = cv2.threshold(region, 127, 1, cv2.THRESH_BINARY)[1]
         else:

@@ -2,11 +2,11 @@
 
 With ``server.workers`` > 1 every worker serves the same port. Left to the kernel
 (``reuse-port``: each worker listens with SO_REUSEPORT), a connection goes to the worker its
-address hashes to, so 64 cameras on 12 workers landed 2 on one worker and 8 on another
-(the H200, 2026-12-02, docs/benchmarks.md): the busiest worker's GIL set the whole node's
-tail. With ``least-clients`` (the default) the node's main process listens and accepts,
-and hands each connection's socket (SCM_RIGHTS over a Unix datagram pair, one a worker) to
-the worker with the fewest clients:
+address hashes to, so some workers get several times the cameras of others, and the
+busiest worker's GIL sets the whole node's tail (docs/benchmarks.md, "a fair host path, and
+where the GIL goes"). With ``least-clients`` (the default) the node's main process listens
+and accepts, and hands each connection's socket (SCM_RIGHTS over a Unix datagram pair, one
+a worker) to the worker with the fewest clients:
 
     client --TCP--> main process: accept --fd--> worker w: the same aiohttp server as ever
 

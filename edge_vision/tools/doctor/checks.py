@@ -190,9 +190,10 @@ class Doctor:
         elif workers > 1:
             summary = (
                 f"{workers} workers take turns on the GPU (no MPS control daemon found "
-                "where this environment's CUDA_MPS_PIPE_DIRECTORY points): on the H200 at "
-                "64 cameras a batch's infer stage fell from 24 to 15 ms p50 under MPS "
-                "(docs/benchmarks.md); start it with deploy/systemd/nvidia-mps.service"
+                "where this environment's CUDA_MPS_PIPE_DIRECTORY points): under MPS they "
+                "share it and each batch's infer stage is shorter (docs/benchmarks.md, 'MPS, "
+                "eight workers and the stream hand-off'); "
+                "start it with deploy/systemd/nvidia-mps.service"
             )
         else:
             summary = "one worker process: nothing to share, MPS not needed"
