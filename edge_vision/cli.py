@@ -1,4 +1,5 @@
-"""The ``edge-vision`` command: ``serve``, ``replay``, ``bench``, ``build-engine``, ``token``."""
+"""The ``edge-vision`` command: ``serve``, ``replay``, ``bench``, ``build-engine``, ``token``,
+``doctor``; ``--version``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .config import dump_config
+from . import __version__
+from .config import ServerConfig, dump_config
 from .errors import EdgeVisionError
-from .tools.args import add_config_args, config_from_args, setup_logging
+from .tools.args import CommandParser, add_config_args, config_from_args, setup_logging
 
 log = logging.getLogger("edge_vision")
 
@@ -28,15 +30,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="edge-vision", description="Real-time computer-vision WebSocket service."
+    parser = CommandParser(
+        prog="edge-vision",
+        description="Real-time computer vision over one WebSocket: camera frames in, boxes "
+        "(and the text in them) out. 'edge-vision COMMAND --help' tells more of each command.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"edge-vision {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the WebSocket service")
+    serve = sub.add_parser(
+        "serve",
+        help="run the WebSocket service and the overlay page",
+        description="Run the service: the WebSocket protocol at /ws, the overlay page at /, "
+        "/healthz, /readyz and /metrics. Settings come from the defaults, --config FILE, "
+        "EDGE_VISION_<SECTION>__<KEY> variables and the flags, in that order; "
+        "--print-config shows the result.",
+    )
     add_config_args(serve)
-    serve.add_argument("--host", help="listen address (server.host)")
-    serve.add_argument("--port", type=int, help="listen port (server.port)")
+    defaults = ServerConfig.model_fields
+    serve.add_argument(
+        "--host", help=f"listen address (server.host; default: {defaults['host'].default})"
+    )
+    serve.add_argument(
+        "--port", type=int, help=f"listen port (server.port; default: {defaults['port'].default})"
+    )
     serve.add_argument(
         "--print-config", action="store_true", help="print the effective configuration and exit"
     )

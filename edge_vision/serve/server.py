@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, web
 
+from .. import __version__
 from ..common.aio import cancel_and_wait, with_timeout
 from ..common.close_codes import CloseCode
 from ..common.metrics import Metrics
@@ -76,7 +77,9 @@ WS_PROTOCOLS = (SUBPROTOCOL,)
 PRINCIPAL = web.RequestKey("principal", auth.Principal)
 RESUME: web.RequestKey[str | None] = web.RequestKey("resume")
 
-REPO_WEB = Path(__file__).resolve().parents[2] / "web"
+#: The overlay page ships inside the package (package-data in pyproject.toml), so an
+#: installed wheel serves it from any directory.
+PACKAGE_WEB = Path(__file__).resolve().parents[1] / "web"
 
 
 def _node_id(config: Config) -> str:
@@ -163,6 +166,7 @@ async def readyz(request: web.Request) -> web.Response:
         "state": keeper.status(),  # degraded state never makes the node unready
         "connections": len(app[CONNECTIONS]),
         "node": app[STATE].node_id,
+        "version": __version__,  # the package's (CHANGELOG.md); the protocol's is in hello
     }
     if app[LIMITS].full:  # a balancer should send new cameras elsewhere
         body["ready"] = False
@@ -214,8 +218,8 @@ async def ws_entry(request: web.Request) -> web.StreamResponse:
     """``GET /ws`` admission, before anything else: origin, credential, fair share.
 
     Each refusal is an HTTP status before the upgrade with a one-line body saying why, so
-    the overlay page (which asks again with a plain GET, see web/connection.js) and other
-    clients can tell "not authorised" from "full" (docs/protocol.md, "Refusals")."""
+    the overlay page (which asks again with a plain GET, see edge_vision/web/connection.js)
+    and other clients can tell "not authorised" from "full" (docs/protocol.md, "Refusals")."""
     app = request.app
     cfg = app[CONFIG]
     # Cross-site WebSocket hijacking (RFC 6455 section 10.2): judged before credentials,
@@ -466,7 +470,7 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     if config.read.enabled:  # since protocol 2: settings.read (read.py)
         app[FEATURES].append("read")
     started = time.time()
-    app[STATE] = NodeState(node_id, started, Path(config.server.web_root or REPO_WEB))
+    app[STATE] = NodeState(node_id, started, Path(config.server.web_root or PACKAGE_WEB))
 
     def node_record() -> dict[str, str]:
         st = service.status

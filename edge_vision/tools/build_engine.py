@@ -212,7 +212,10 @@ def register_cli(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "build-engine",
         help="build the TensorRT plan serve uses (FP16/INT8, profiles, DLA)",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description="Build the TensorRT plan that serve --engine tensorrt uses, into "
+        "engine.tensorrt.engine_dir, named by its key (model, TensorRT version, GPU, "
+        "precision, profile, DLA core). Run it at install time so the first start is quick; "
+        "serve finds the plan with the same configuration.",
     )
     add_arguments(p)
     p.set_defaults(func=cmd_build_engine)

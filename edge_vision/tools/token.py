@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..serve.auth import SCOPES, hash_api_key, mint_token, read_token_secret
-from .args import add_config_args, config_from_args
+from .args import add_config_file_args, config_from_args
 
 
 def parse_duration(text: str) -> float:
@@ -59,11 +59,13 @@ def register_cli(sub: Any) -> None:
         "token",
         help="mint a signed access token (or a new secret / API key)",
         description="Mint a signed, expiring access token with the node's token secret "
-        "(auth.token_secret_file or $EDGE_VISION_TOKEN_SECRET). docs/security.md.",
+        "(auth.token_secret_file or $EDGE_VISION_TOKEN_SECRET); without a secret yet, "
+        "--new-secret makes one. --new-api-key makes an API key instead. The formats and "
+        "how a client presents them: docs/security.md.",
     )
-    add_config_args(p)
+    add_config_file_args(p)  # the secret's place comes from the config; no model runs
     p.add_argument("--subject", help="who the token is for, e.g. cam-3 or alice")
-    p.add_argument("--ttl", default="8h", help="lifetime: 90s, 15m, 8h, 30d (default 8h)")
+    p.add_argument("--ttl", default="8h", help="lifetime: 90s, 15m, 8h, 30d")
     p.add_argument(
         "--scope",
         action="append",

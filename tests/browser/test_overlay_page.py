@@ -1,6 +1,6 @@
-"""The overlay page (web/) in headless Chromium, served by the real service with the default
-model, fed by a fake camera that plays text: boxes over the text, the HUD, the controls,
-phone layouts, refusals and reconnection after a server restart.
+"""The overlay page (edge_vision/web/) in headless Chromium, served by the real service with
+the default model, fed by a fake camera that plays text: boxes over the text, the HUD, the
+controls, phone layouts, refusals and reconnection after a server restart.
 
 Screenshots land in artifacts/screenshots/; every test fails on any console error.
 """

@@ -5,7 +5,8 @@ labels of neighbouring boxes never overlap and show the text read in their box, 
 in its track's colour; tracked boxes glide to their new place instead of jumping.
 
 The page records the label rectangles it draws (canvas pixels) and their text in the overlay
-canvas's `data-labels` (web/app.js); the tests check that record against the canvas pixels.
+canvas's `data-labels` (edge_vision/web/app.js); the tests check that record against the
+canvas pixels.
 """
 
 from __future__ import annotations

@@ -38,7 +38,6 @@ def register(sub: Any) -> None:
         "bench",
         help="load-test a server (or the engine alone)",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_args(p)
     p.add_argument("--url", help="target a running server's /ws instead of starting one")
@@ -54,9 +53,19 @@ def register(sub: Any) -> None:
     p.add_argument("--resolution", default="1280x720", help="frame size WxH")
     p.add_argument("--video", type=Path, help="a recorded video to take frames from")
     p.add_argument("--frames", type=int, default=60, help="distinct frames to cycle through")
-    p.add_argument("--jpeg-quality", type=int, default=80)
-    p.add_argument("--wire", choices=["binary", "json"], default="binary")
-    p.add_argument("--mode", choices=MODES, default="latest")
+    p.add_argument("--jpeg-quality", type=int, default=80, help="JPEG quality of the frames sent")
+    p.add_argument(
+        "--wire",
+        choices=["binary", "json"],
+        default="binary",
+        help="frame messages: binary, or JSON with base64 (docs/protocol.md)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="latest",
+        help="each camera's session mode: latest wins (drops counted) or every frame in order",
+    )
     p.add_argument("--engine-only", action="store_true", help="only the engine ceiling")
     p.add_argument(
         "--compare",
@@ -88,7 +97,7 @@ def register(sub: Any) -> None:
         "count meets the server as the count before left it",
     )
     p.add_argument("--out", type=Path, help="output folder (default bench-results/<time>)")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="write results.json but no PNG plots")
     p.set_defaults(func=cmd_bench)
 
 

@@ -123,7 +123,10 @@ def register_cli(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "doctor",
         help="check this board: JetPack, CUDA, TensorRT, engines against ONNX Runtime",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description="Check what this board can do, on the board itself: platform, JetPack, "
+        "CUDA and its layers, TensorRT and DLA cores, the JPEG decoder, the configured engine "
+        "against ONNX Runtime on a real frame, latency and throughput. Prints a pass/fail "
+        "table; --json FILE writes a report to attach to an issue (docs/jetson.md).",
     )
     add_config_args(p)  # --config, --model, --engine (the engine to test), --set
     p.add_argument("--build", action="store_true", help="build a small TensorRT plan now")

@@ -16,7 +16,7 @@ import orjson
 
 from ...common.sources import Cut
 from ...errors import EdgeVisionError
-from ..args import add_config_args, config_from_args, setup_logging
+from ..args import CommandParser, add_config_args, config_from_args, setup_logging
 from .options import ReplayError, ReplayOptions
 from .run import replay
 from .writers import format_summary
@@ -89,13 +89,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     remote.add_argument("--url", help="the server's WebSocket, e.g. ws://localhost:8080/ws")
     remote.add_argument("--token", help="sent as 'Authorization: Bearer TOKEN'")
     remote.add_argument(
-        "--wire", choices=("binary", "json"), default="binary", help="frame messages (binary)"
+        "--wire", choices=("binary", "json"), default="binary", help="frame messages"
     )
     remote.add_argument(
         "--timeout",
         type=float,
         default=30.0,
-        help="seconds to wait to connect and for an answer (30)",
+        help="seconds to wait to connect and for an answer",
     )
     frames = p.add_argument_group("frames")
     frames.add_argument("--confidence", type=float, help="score threshold (model.confidence)")
@@ -105,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="read the text in the boxes (settings.read): the JSONL and video carry it",
     )
-    frames.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality sent (90)")
+    frames.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality sent")
     frames.add_argument(
         "--in-flight",
         type=int,
@@ -180,7 +180,7 @@ def register_cli(subparsers: Any) -> None:
 
 def main(argv: Iterable[str] | None = None) -> int:
     """``python -m edge_vision.tools.replay INPUT ...``; the same as ``edge-vision replay``."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m edge_vision.tools.replay",
         description=DESCRIPTION,
     )
