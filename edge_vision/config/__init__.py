@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from ..errors import ConfigError
 from .base import ENV_CONFIG_FILE, ENV_PREFIX, ENV_TOKEN_SECRET, _Section
@@ -85,6 +85,10 @@ class Config(_Section):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     read: ReadConfig = Field(default_factory=ReadConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    #: How ``engine.kind: auto`` was resolved on this machine (edge_vision/engines/choice.py):
+    #: kind, reason and the values it derived; None while unresolved or when set by hand.
+    _engine_choice: dict[str, Any] | None = PrivateAttr(default=None)
 
 
 # ---------------------------------------------------------------------------------------

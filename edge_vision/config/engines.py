@@ -176,9 +176,12 @@ class TritonConfig(EngineSection):
 
 class EngineConfig(_Section):
     kind: str = Field(
-        "onnxruntime",
-        description="Which engine runs the network: the name of one of the engine sections "
-        "below (engine_kinds()).",
+        "auto",
+        description="Which engine runs the network: auto (TensorRT on an NVIDIA GPU where it "
+        "is installed, else the torch engine on a CUDA GPU, else ONNX Runtime on the CPU; on "
+        "a GPU the batching, decode and worker settings you did not set follow the engine: "
+        "docs/configuration.md), or the name of one of the engine sections below to insist "
+        "on it.",
     )
     fallback: Literal["onnxruntime", "none"] = Field(
         "onnxruntime",
@@ -234,7 +237,7 @@ class EngineConfig(_Section):
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, kind: str) -> str:
-        kinds = engine_kinds()
+        kinds = ("auto", *engine_kinds())
         if kind not in kinds:
             raise ValueError(f"unknown engine {kind!r}; known: {', '.join(kinds)}")
         return kind

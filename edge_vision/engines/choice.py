@@ -8,16 +8,30 @@ for the GPU, the installed packages' own metadata for what they were built for.
 
 The order: TensorRT where it imports and there is an NVIDIA GPU (a Jetson's iGPU counts);
 else the torch engine on a CUDA GPU; else ONNX Runtime on the CPU, the embedded default.
+
+:func:`resolve_engine` turns a config whose ``engine.kind`` is ``auto`` into the one this
+machine runs, and on a GPU derives what the engine implies (:data:`GPU_DEFAULTS`, the
+worker layout, the compile and its cache) for every key the user did not set; the table
+of derived values and their rules is docs/configuration.md's "What auto derives".
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
+import os
 import re
 import shutil
+import stat
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from ..config import Config
+
+log = logging.getLogger(__name__)
 
 #: Device nodes of an NVIDIA GPU: a discrete card's, and a Jetson's integrated GPU's.
 GPU_NODES = ("/dev/nvidia0", "/dev/nvhost-ctrl-gpu", "/dev/nvgpu/igpu0/ctrl")
@@ -33,6 +47,9 @@ class Machine:
     tensorrt: bool  # the tensorrt package is installed
     torch_cuda: str | None  # the CUDA version torch was built for; None: no torch or CPU-only
     cuda_binding: bool  # cuda-python or pycuda, which the TensorRT engine needs
+    triton: bool = False  # OpenAI Triton, which torch.compile's GPU kernels need
+    mps: bool = False  # an NVIDIA MPS control daemon this process's CUDA clients would join
+    cores: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +142,18 @@ def _torch_cuda() -> str | None:
     return m.group(1) if m else None
 
 
-def probe_machine() -> Machine:
+def mps_pipe_dir(env: Mapping[str, str]) -> Path | None:
+    """The pipe directory of a running MPS control daemon (``CUDA_MPS_PIPE_DIRECTORY``, by
+    default /tmp/nvidia-mps), when its ``control`` FIFO is there; CUDA clients started
+    with the same environment join it. None: no MPS."""
+    pipe = Path(env.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+    try:
+        return pipe if stat.S_ISFIFO((pipe / "control").stat().st_mode) else None
+    except OSError:
+        return None
+
+
+def probe_machine(env: Mapping[str, str] | None = None) -> Machine:
     """This machine, read without importing torch or TensorRT or touching CUDA."""
     return Machine(
         gpu=_gpu_name(),
@@ -133,4 +161,107 @@ def probe_machine() -> Machine:
         tensorrt=_installed("tensorrt"),
         torch_cuda=_torch_cuda(),
         cuda_binding=_installed("cuda.bindings") or _installed("cuda") or _installed("pycuda"),
+        triton=_installed("triton"),
+        mps=mps_pipe_dir(os.environ if env is None else env) is not None,
+        cores=os.cpu_count() or 1,
     )
+
+
+# -- what the engine implies -------------------------------------------------------------
+
+#: Set for a GPU engine wherever the user did not set them: the GPU batches across
+#: cameras (the CPU engine gains nothing from batching), keeps three batches in flight
+#: so copies overlap compute, holds at most two frames a camera (lower latency at the same
+#: throughput), and decodes JPEGs on the GPU when a device decoder is installed.
+GPU_DEFAULTS: dict[str, Any] = {
+    "engine.max_batch": 16,
+    "engine.in_flight": 3,
+    "session.latest_in_flight": 2,
+    "decode.device": "auto",
+}
+
+
+def user_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where edge-vision keeps what it builds for this machine: ``$XDG_CACHE_HOME`` or
+    ``~/.cache``, then ``edge-vision`` (the Jetson unit sets ``XDG_CACHE_HOME`` to
+    /var/cache)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edge-vision"
+
+
+def gpu_workers(machine: Machine) -> int:
+    """Worker processes for a GPU engine: under MPS (one GPU context shared by every
+    worker) as many as the hand-set recipe measured best, leaving cores for the load it
+    serves; without MPS the workers' contexts take turns on the GPU, so fewer."""
+    if machine.mps:
+        return max(1, min(12, machine.cores - 4))
+    return max(1, min(4, machine.cores // 4))
+
+
+def _is_set(config: Config, dotted: str) -> bool:
+    """Whether the user set ``dotted`` (in a file, the environment or a flag)."""
+    node: Any = config
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        if part not in node.model_fields_set:
+            return False
+        node = getattr(node, part)
+    return leaf in node.model_fields_set
+
+
+def _assign(config: Config, dotted: str, value: Any) -> None:
+    node: Any = config
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        node = getattr(node, part)
+    setattr(node, leaf, value)
+
+
+def derived_values(
+    config: Config, choice: EngineChoice, machine: Machine, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """What ``choice`` implies on ``machine``, for the keys the user did not set."""
+    wanted: dict[str, Any] = {"engine.kind": choice.kind}
+    if choice.gpu:
+        wanted.update(GPU_DEFAULTS)
+        wanted["server.workers"] = gpu_workers(machine)
+        if choice.kind == "torch" and machine.triton:
+            wanted["engine.torch.compile"] = "default"
+            wanted["engine.torch.compile_cache"] = user_cache_dir(env) / "torch-compile"
+    return {k: v for k, v in wanted.items() if k == "engine.kind" or not _is_set(config, k)}
+
+
+def resolve_engine(config: Config, machine: Machine | None = None) -> Config:
+    """``config`` with ``engine.kind: auto`` made the engine this machine runs and, on a
+    GPU, what that engine implies; a config with an explicit kind comes back as it is.
+    How it was decided is kept for the start-up log, ``/readyz`` and ``doctor``
+    (:func:`engine_choice_of`)."""
+    if config.engine.kind != "auto":
+        return config
+    machine = probe_machine() if machine is None else machine
+    choice = choose_engine(machine)
+    resolved = config.model_copy(deep=True)
+    derived = derived_values(config, choice, machine)
+    for key, value in derived.items():
+        _assign(resolved, key, value)
+    shown = {k: str(v) if isinstance(v, Path) else v for k, v in derived.items()}
+    resolved._engine_choice = {**choice.describe(), "derived": shown}
+    log.info(
+        "engine.kind auto: %s (%s)%s",
+        choice.kind,
+        choice.reason,
+        "; derived " + ", ".join(f"{k}={v}" for k, v in shown.items() if k != "engine.kind")
+        if len(shown) > 1
+        else "",
+    )
+    return resolved
+
+
+def engine_choice_of(config: Config) -> dict[str, Any]:
+    """How this config's engine was chosen: by ``auto`` (its reason and derived values), or
+    set by the user."""
+    found = config._engine_choice
+    if found is not None:
+        return dict(found)
+    return {"kind": config.engine.kind, "reason": "engine.kind set in the config", "gpu": None}

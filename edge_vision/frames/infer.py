@@ -31,6 +31,7 @@ from ..common.metrics import Metrics
 from ..common.threads import role_pool
 from ..config import Config
 from ..engines import Engine, create_engine
+from ..engines.choice import resolve_engine
 from ..errors import EngineError, EngineUnavailable
 from ..model.heads import Head
 from ..model.spec import ModelSpec
@@ -109,6 +110,7 @@ class InferenceService:
         engine_factory: EngineFactory = create_engine,
         metrics: Metrics | None = None,
     ) -> None:
+        config = resolve_engine(config)  # engine.kind auto: this machine's engine
         self.config = config
         self.metrics = metrics
         self._batcher: Batcher[_Job] | None = None

@@ -15,6 +15,7 @@ import numpy as np
 
 from ...config import Config
 from ...engines import Engine, create_engine
+from ...engines.choice import resolve_engine
 from ...model.shape import choose_input_shape
 from ...model.spec import ModelSpec
 from .stats import percentiles
@@ -33,6 +34,7 @@ async def measure_engine(
     """The engine's rows; ``start_at`` (wall-clock epoch seconds): wait after loading and
     graph capture until then, so that engines in several processes (the workers of a GPU
     host, with or without MPS) are timed at the same time."""
+    config = resolve_engine(config)
     engine = create_engine(config.engine.kind, spec, config)
     await engine.start()
     h, w = choose_input_shape(width, height, spec.limits)

@@ -34,6 +34,7 @@ from typing import Any
 
 from ... import __version__
 from ...config import Config
+from ...engines.choice import engine_choice_of
 from ..args import add_config_args, config_from_args, setup_logging
 from .checks import Doctor, DoctorOptions
 from .probes import (
@@ -92,6 +93,7 @@ def report(checks: Sequence[Check], config: Config) -> dict[str, Any]:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "engine_configured": config.engine.kind,
+        "engine_choice": engine_choice_of(config),
         "checks": [asdict(c) for c in checks],
         "failed": [c.name for c in checks if c.status == FAIL],
         "not_available": [c.name for c in checks if c.status == NA],
@@ -113,7 +115,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(summary_table(checks))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report(checks, config), indent=2, default=str) + "\n")
+        body = json.dumps(report(checks, doctor.config), indent=2, default=str)
+        args.json.write_text(body + "\n")
         print(f"report: {args.json}")
     return 1 if any(c.status == FAIL for c in checks) else 0
 

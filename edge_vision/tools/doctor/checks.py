@@ -17,6 +17,7 @@ import numpy as np
 
 from ... import __version__
 from ...config import Config
+from ...engines.choice import engine_choice_of, resolve_engine
 from .probes import (
     FAIL,
     GPU_BATCH,
@@ -57,7 +58,7 @@ class Doctor:
     def __init__(
         self, config: Config, options: DoctorOptions, out: Callable[[str], object] = print
     ) -> None:
-        self.config = config
+        self.config = resolve_engine(config)  # what serve would run on this machine
         self.options = options
         self.out = out
         self.checks: list[Check] = []
@@ -76,6 +77,7 @@ class Doctor:
         # (the name a check gets when it breaks, the check)
         steps: list[tuple[str, Callable[[], Check | list[Check]]]] = [
             ("platform", self.check_platform),
+            ("engine choice", self.check_engine_choice),
             ("jetpack / l4t", self.check_jetson),
             ("cuda", self.check_cuda),
             ("cuda layer", self.check_cuda_layers),
@@ -102,6 +104,14 @@ class Doctor:
         return self.checks
 
     # -- the board ----------------------------------------------------------------------
+
+    def check_engine_choice(self) -> Check:
+        """Which engine ``serve`` runs here, and why (engine.kind auto, or as configured)."""
+        choice = engine_choice_of(self.config)
+        derived = choice.get("derived") or {}
+        shown = ", ".join(f"{k}={v}" for k, v in derived.items() if k != "engine.kind")
+        summary = f"{choice['kind']}: {choice['reason']}" + (f"; derives {shown}" if shown else "")
+        return Check("engine choice", INFO, summary, choice)
 
     def check_platform(self) -> Check:
         import onnxruntime

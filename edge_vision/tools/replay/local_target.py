@@ -12,6 +12,7 @@ import orjson
 
 from ...common.messages import FrameMessage
 from ...common.settings import Mode
+from ...engines.choice import resolve_engine
 from ...errors import ClientError
 from .books import Encoded, Outcome
 from .options import ReplayError
@@ -41,7 +42,7 @@ class LocalTarget:
         *,
         read: bool = False,
     ) -> None:
-        self.config = config
+        self.config = config = resolve_engine(config)  # the engine serve would run here
         self.mode = mode
         self._read = read
         self.deliver = deliver
