@@ -57,8 +57,9 @@ from .websocket import ServerWebSocket, is_valid_utf8, reply_close_code
 log = logging.getLogger(__name__)
 
 
-class ConnectionDone(Exception):
-    """The socket is gone or being closed; stop this connection's tasks."""
+class ConnectionDone(ConnectionError):
+    """The socket is gone or being closed; stop this connection's tasks (a
+    ConnectionError, which tells the session runner its client is gone)."""
 
 
 class _InvalidText:
@@ -172,8 +173,18 @@ class Connection:
             # Frames the socket closed on (waiting, or taken but never sent) are counted as
             # dropped by the core, so received = answered + dropped + rejected holds after
             # a resume too.
+            unsent = self.core.outstanding
             await self.runner.close()
             self.memory.release_all()  # every frame of this connection is done with
+            if self.runner.client_gone and self.closed_by_server is None:
+                # Found by a send that failed, maybe while the reader waited for room in
+                # the queue: the socket itself was never read again to see the close.
+                log.info(
+                    "session %s: client gone (its socket closed or reset) with %d frames "
+                    "not yet answered; they are dropped and the session is released",
+                    self.session.id,
+                    unsent,
+                )
 
     async def _send_reply(self, ticket: FrameTicket) -> None:
         """The core's Send: a result is serialised only now, so tracks see frame order."""
@@ -380,7 +391,8 @@ class Connection:
             if not await self._charge_memory(parsed):
                 return False  # answered with over_memory_budget (received and rejected)
             # Received in the books now; in 'every' mode first waits for room in the queue.
-            await self.runner.admit(parsed)
+            if not await self.runner.admit(parsed):
+                raise ConnectionDone  # the client is gone (a send failed): end the session
             return self.core.mode == "every"
         elif isinstance(parsed, SettingsMessage):
             await self._apply_settings(parsed)

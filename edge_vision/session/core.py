@@ -246,6 +246,12 @@ class SessionCore(Generic[F, R]):
         self._waiting.append(frame)
         return actions + self._take()
 
+    def abandoned(self, frame: F) -> list[Action[F, R]]:
+        """A frame passed its arrival checks after its client was found gone (the shell
+        can deliver no reply any more): received, and dropped at once."""
+        self.books.received += 1
+        return [*self._drop([frame], "closed"), Release(frame)]
+
     def refused(self) -> None:
         """A message that may have been a frame was refused on arrival (bad input, no
         memory budget, a close code): received and rejected. The shell answers it."""

@@ -15,7 +15,10 @@ its actions into tasks:
   answered :data:`~edge_vision.frames.infer.SUPERSEDED`, ``superseded``;
 * :class:`~.core.Send`: the reply goes into one FIFO that a single sender task
   empties through the shell's ``send`` (so replies leave in the core's order), then
-  ``sent``;
+  ``sent``. When ``send`` raises :class:`ConnectionError` the client is gone: the sender
+  stops, and :meth:`SessionRunner.admit` says so at once, also to a reader that was
+  waiting for room (nothing would ever make room again), so the shell ends the session
+  instead of holding its frames for good;
 * :class:`~.core.Drop` and :class:`~.core.Release`: the shell's hooks
   (delivering "dropped" outcomes, giving a frame's bytes back to the memory budget) and
   the node's metrics.
@@ -48,9 +51,10 @@ FrameCore = SessionCore[FrameMessage, Reply]
 class SessionRunner:
     """Runs one session's frames by its core's rules (see the module docstring).
 
-    ``send(ticket)`` delivers ``ticket.reply`` (raise to stop sending: the socket is
-    gone); ``on_drop`` and ``on_release`` see the core's drops and releases; ``metrics``,
-    when given, counts answered, dropped and rejected frames and each result's timing."""
+    ``send(ticket)`` delivers ``ticket.reply`` (raise :class:`ConnectionError` when the
+    client is gone: nothing more is sent, and :meth:`admit` answers False); ``on_drop``
+    and ``on_release`` see the core's drops and releases; ``metrics``, when given, counts
+    answered, dropped and rejected frames and each result's timing."""
 
     def __init__(
         self,
@@ -78,6 +82,7 @@ class SessionRunner:
         self._tasks: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()  # set after every event: accepting, idle may differ
+        self._client_gone = False  # send raised ConnectionError: no reply can be delivered
         # This session in the engine's queue, whose turns favour the session served least
         # recently (batch.py): a bare object, so the queue's memory of turns holds nothing
         # of the session once it is gone.
@@ -89,13 +94,27 @@ class SessionRunner:
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_in_order(), name=f"send-{self._name}")
 
-    async def admit(self, frame: FrameMessage) -> None:
+    @property
+    def client_gone(self) -> bool:
+        """The shell's ``send`` raised ConnectionError: no reply can be delivered."""
+        return self._client_gone
+
+    async def admit(self, frame: FrameMessage) -> bool:
         """Admit a frame that passed its arrival checks; in ``every`` mode first waits for
-        room in the queue (the shell reads nothing meanwhile: TCP back-pressure)."""
-        await self._wait_for(lambda: self.core.accepting or self.core.closed)
-        if self.core.closed:
+        room in the queue (the shell reads nothing meanwhile: TCP back-pressure).
+
+        False when the client is gone (:attr:`client_gone`), found before or while it
+        waited: the frame is counted received and dropped, and the shell should end the
+        session (:meth:`close`)."""
+        core = self.core
+        await self._wait_for(lambda: core.accepting or core.closed or self._client_gone)
+        if core.closed:
             raise RuntimeError("admit() on a closed session")
-        self._apply(self.core.frame_arrived(frame))
+        if self._client_gone:
+            self._apply(core.abandoned(frame))
+            return False
+        self._apply(core.frame_arrived(frame))
+        return True
 
     def mode_changed(self, mode: Mode) -> None:
         self._apply(self.core.mode_changed(mode))
@@ -195,7 +214,14 @@ class SessionRunner:
     async def _send_in_order(self) -> None:
         while True:
             ticket = await self._outbox.get()
-            await self._send(ticket)  # raises when the socket is gone: this task ends
+            try:
+                await self._send(ticket)
+            except ConnectionError:
+                # The client is gone: nothing sends the rest, so nothing would make room
+                # for a reader waiting in admit(); wake it to say so.
+                self._client_gone = True
+                self._changed.set()
+                return
             if not ticket.rejected and self._metrics is not None:
                 self._metrics.frames_answered.inc()  # answered means delivered
             self._apply(self.core.sent(ticket))

@@ -227,6 +227,19 @@ def test_every_full_queue_stops_accepting_and_nothing_is_dropped() -> None:
     assert dropped(actions) == [] and core.books.dropped == 0
 
 
+def test_a_frame_read_after_its_client_was_found_gone_is_received_and_dropped() -> None:
+    core: Core = SessionCore("every", every_in_flight=1, every_queue=1)
+    core.frame_arrived("f0")
+    core.frame_arrived("f1")
+    assert not core.accepting
+    actions = core.abandoned("f2")  # the reader had it in hand, waiting for room
+    assert dropped(actions) == ["f2"] and released(actions) == ["f2"]
+    assert_books_balance(core)
+    closing = core.close()
+    assert sorted(dropped(closing)) == ["f0", "f1"]
+    assert books(core) == (3, 0, 3, 0)
+
+
 def test_every_errors_keep_their_place_in_reply_order() -> None:
     core: Core = SessionCore("every", every_in_flight=3)
     t0, t1, t2 = [t for i in range(3) for t in processed(core.frame_arrived(f"f{i}"))]

@@ -1,0 +1,116 @@
+"""A WebSocket client on a bare TCP socket, for tests that must do what no library client
+does: stop reading, close with a FIN or a reset (SO_LINGER 0) mid-stream, send frames the
+RFC forbids (unmasked), or send a handshake with odd headers.
+
+RFC 6455 section 5.2 framing, written here so that every bit on the wire is the test's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .timing import T
+
+TEXT, BINARY, CLOSE, PING, PONG = 0x1, 0x2, 0x8, 0x9, 0xA
+
+
+def frame(opcode: int, payload: bytes, *, masked: bool = True) -> bytes:
+    """One final frame (section 5.2); a client must mask it (section 5.3)."""
+    head = bytes([0x80 | opcode])
+    n = len(payload)
+    mask_bit = 0x80 if masked else 0
+    if n < 126:
+        head += bytes([mask_bit | n])
+    elif n < 1 << 16:
+        head += bytes([mask_bit | 126]) + struct.pack(">H", n)
+    else:
+        head += bytes([mask_bit | 127]) + struct.pack(">Q", n)
+    if not masked:
+        return head + payload
+    key = os.urandom(4)
+    data = np.frombuffer(payload, np.uint8)
+    pad = np.resize(np.frombuffer(key, np.uint8), data.size)
+    return head + key + (data ^ pad).tobytes()
+
+
+@dataclass
+class RawSocket:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    status: int
+    headers: dict[str, str]
+
+    @property
+    def sock(self) -> socket.socket:
+        s: socket.socket = self.writer.get_extra_info("socket")
+        return s
+
+    def send(self, opcode: int, payload: bytes, *, masked: bool = True) -> None:
+        """Queue one frame (written as the kernel takes it; never waits)."""
+        self.writer.write(frame(opcode, payload, masked=masked))
+
+    async def read_frame(self, timeout: float = 10) -> tuple[int, bytes]:
+        """The next frame from the server (servers never mask): (opcode, payload)."""
+        head = await asyncio.wait_for(self.reader.readexactly(2), T(timeout))
+        n = head[1] & 0x7F
+        if n == 126:
+            (n,) = struct.unpack(">H", await self.reader.readexactly(2))
+        elif n == 127:
+            (n,) = struct.unpack(">Q", await self.reader.readexactly(8))
+        payload = await asyncio.wait_for(self.reader.readexactly(n), T(timeout))
+        return head[0] & 0x0F, payload
+
+    def close_with_fin(self) -> None:
+        """The client's side ends as a process's close() would: FIN after what it wrote,
+        and nothing it was sent is ever read."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self.writer.transport.abort()
+
+    def close_with_reset(self) -> None:
+        """The client's side ends with a TCP reset (SO_LINGER 0): a crashed process, a
+        phone that lost its network."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.writer.transport.abort()
+
+
+async def handshake(
+    port: int,
+    path: str = "/ws",
+    headers: list[tuple[str, str]] | None = None,
+    *,
+    host: str = "127.0.0.1",
+    timeout: float = 10,
+) -> RawSocket:
+    """Open a TCP connection and send a WebSocket upgrade; the answer's status and headers
+    (the socket is a WebSocket only when the status is 101)."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), T(timeout))
+    key = base64.b64encode(os.urandom(16)).decode()
+    lines = [
+        f"GET {path} HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        f"Sec-WebSocket-Key: {key}",
+        "Sec-WebSocket-Version: 13",
+        *(f"{k}: {v}" for k, v in headers or []),
+    ]
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+    raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), T(timeout))
+    status_line, *header_lines = raw.decode("latin-1").split("\r\n")
+    status = int(status_line.split()[1])
+    got = {}
+    for line in header_lines:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            got[k.strip().lower()] = v.strip()
+    return RawSocket(reader, writer, status, got)
