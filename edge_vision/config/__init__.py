@@ -17,6 +17,7 @@ Every key is validated at start; an unknown key or a bad value stops start-up wi
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,6 +42,8 @@ from .frames import DecodeConfig, ReadConfig
 from .model import DbnetConfig, ModelConfig
 from .serve import ApiKeyConfig, AuthConfig, LimitsConfig, LoggingConfig, ServerConfig
 from .session import SessionConfig, StateConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ENV_CONFIG_FILE",
@@ -171,6 +174,28 @@ def cli_overrides(assignments: list[str]) -> dict[str, Any]:
     return tree
 
 
+#: Keys that earlier releases had and this one ignores, with why and what to do: an old
+#: config still starts, and says so once (removed for good in the next release).
+REMOVED_KEYS: dict[str, str] = {
+    "engine.cuda_sync": "how threads wait for the GPU made no measured difference "
+    "(docs/benchmarks.md, 'the same-run before/after and the push')",
+    "server.gil_switch_ms": "a shorter GIL switch interval answered no more frames "
+    "(docs/benchmarks.md, 'what holds 64 cameras back, and the final before/after')",
+}
+
+
+def _drop_removed(tree: dict[str, Any]) -> None:
+    """Take the :data:`REMOVED_KEYS` out of ``tree``, warning once for each found."""
+    for dotted, why in REMOVED_KEYS.items():
+        section, _, key = dotted.partition(".")
+        values = tree.get(section)
+        if isinstance(values, dict) and key in values:
+            del values[key]
+            log.warning(
+                "config key '%s' is no longer used (%s): delete it from your config", dotted, why
+            )
+
+
 def load_config(
     file: Path | str | None = None,
     environ: Mapping[str, str] | None = None,
@@ -193,6 +218,7 @@ def load_config(
         tree = loaded
     tree = _merge(tree, env_overrides(environ))
     tree = _merge(tree, dict(cli or {}))
+    _drop_removed(tree)
     try:
         return Config.model_validate(tree)
     except ValidationError as e:

@@ -218,17 +218,6 @@ class EngineConfig(_Section):
     cuda_backend: Literal["auto", "cuda-python", "pycuda"] = Field(
         "auto", description="CUDA binding for GPU engines."
     )
-    cuda_sync: Literal["auto", "blocking"] = Field(
-        "auto",
-        description="How this process's threads wait for the GPU, for every library in it "
-        "(torch, nvImageCodec, TensorRT): auto, CUDA's choice, which spins a core for the "
-        "whole wait while the process has fewer CUDA contexts than the machine has cores "
-        "(always, for a worker); blocking, the device's primary context is made with "
-        "CU_CTX_SCHED_BLOCKING_SYNC, so a waiting thread sleeps (needs cuda-python). The "
-        "service's own waits already sleep (blocking-sync events), so blocking saves no "
-        "CPU and auto is the default (docs/benchmarks.md, 'the same-run before/after and "
-        "the push').",
-    )
     onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
     torch: TorchConfig = Field(default_factory=TorchConfig)
     tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)

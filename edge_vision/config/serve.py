@@ -124,17 +124,6 @@ class ServerConfig(_Section):
         "(docs/benchmarks.md, 'a fair host path, and where the GIL goes' and 'OpenCV's own "
         "threads on the CPU path').",
     )
-    gil_switch_ms: float | None = Field(
-        None,
-        gt=0,
-        le=100,
-        description="Each worker process's GIL switch interval (sys.setswitchinterval), in "
-        "ms; none keeps Python's 5 ms. A thread back from native code (OpenCV, the GPU "
-        "decoder, a CUDA wait) can wait up to this long for the GIL while another thread "
-        "runs Python. For tuning: a shorter interval did not change how many frames a GPU "
-        "node answered (docs/benchmarks.md, 'what holds 64 cameras back, and the final "
-        "before/after').",
-    )
     event_loop: Literal["asyncio", "uvloop"] = Field(
         "asyncio",
         description="Each serving process's event loop: asyncio (Python's own) or uvloop "

@@ -43,7 +43,7 @@ from ..config import Config
 from ..errors import EngineError
 from ..model.spec import ModelSpec
 from .base import Engine, SlotPool, U8Array
-from .cuda import CudaEvent, CudaRuntime, CudaStream, open_runtime, use_blocking_sync
+from .cuda import CudaEvent, CudaRuntime, CudaStream, open_runtime
 from .device_frame import DeviceFrame, wait_ready
 
 
@@ -85,7 +85,6 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
         self._slot_pool: SlotPool[SlotT] = SlotPool(self._all_slots)
         self._launcher: ThreadPoolExecutor | None = None  # start, graph capture, CPU runs
         self._runner: ThreadPoolExecutor | None = None  # one batch job per slot at a time
-        self._cuda_sync_done = False  # engine.cuda_sync applied (or tried) once
 
     @property
     def accepts_device_frames(self) -> bool:
@@ -107,20 +106,7 @@ class GpuEngine(Engine, Generic[SlotT, LayoutT]):
         """Open the runtime (:meth:`_open_runtime`), load the network, make the slots
         (launcher thread)."""
 
-    def _set_cuda_sync(self, device: int = 0) -> None:
-        """``engine.cuda_sync``: before anything in the process opens ``device`` (the torch
-        engine calls it before torch does; :meth:`_open_runtime` otherwise)."""
-        if self.config.engine.cuda_sync != "blocking" or self._cuda_sync_done:
-            return
-        self._cuda_sync_done = True
-        problem = use_blocking_sync(device)
-        if problem is None:
-            log.info("engine.cuda_sync blocking: threads waiting for GPU %d sleep", device)
-        else:
-            log.warning("engine.cuda_sync blocking not applied: %s", problem)
-
     def _open_runtime(self, device: int = 0) -> CudaRuntime:
-        self._set_cuda_sync(device)
         self.runtime = open_runtime(self.config.engine.cuda_backend, device)
         self.runtime.bind_thread()
         return self.runtime

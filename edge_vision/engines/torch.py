@@ -122,8 +122,6 @@ class TorchEngine(GpuEngine[_Slot, _Layout]):
                 f"engine.torch.device is {self.tcfg.device} but CUDA is not available to torch"
             )
         self._device = device
-        if device.type == "cuda":  # engine.cuda_sync, before torch opens the device
-            self._set_cuda_sync(device.index or 0)
         # Optional dependency: the converter imports torch.
         from .onnx_torch import OnnxGraphModule
 

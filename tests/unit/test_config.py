@@ -80,3 +80,19 @@ def test_torch_compile_takes_yaml_s_bare_off_and_on() -> None:
     assert make_config({"engine": {"torch": {"compile": "max-autotune"}}}).engine.torch.compile == (
         "max-autotune"
     )
+
+
+def test_an_old_config_with_a_removed_key_starts_and_says_what_to_delete(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="edge_vision.config"):
+        config = load_config(
+            environ={"EDGE_VISION_SERVER__GIL_SWITCH_MS": "1"},
+            cli={"engine": {"cuda_sync": "blocking", "max_batch": 2}},
+        )
+    assert config.engine.max_batch == 2
+    said = [r.getMessage() for r in caplog.records]
+    assert any("'engine.cuda_sync' is no longer used" in m and "delete it" in m for m in said)
+    assert any("'server.gil_switch_ms' is no longer used" in m for m in said)
+    with pytest.raises(ConfigError, match="unknown config key 'engine.cuda_synk'"):
+        load_config(environ={}, cli={"engine": {"cuda_synk": "blocking"}})

@@ -17,7 +17,6 @@ from .base import (
     PinnedBuffer,
     cuda_available,
     open_runtime,
-    use_blocking_sync,
 )
 
 __all__ = [
@@ -29,5 +28,4 @@ __all__ = [
     "PinnedBuffer",
     "cuda_available",
     "open_runtime",
-    "use_blocking_sync",
 ]

@@ -168,35 +168,6 @@ _BACKENDS = {
 }
 
 
-#: CUctx_flags' CU_CTX_SCHED_BLOCKING_SYNC (cuda.h): a thread waiting for the GPU sleeps.
-CU_CTX_SCHED_BLOCKING_SYNC = 4
-
-
-def use_blocking_sync(device: int = 0) -> str | None:
-    """Make ``device``'s primary context, the one torch, nvImageCodec and the CUDA runtime
-    share, put a thread that waits for the GPU to sleep instead of spinning
-    (``cuDevicePrimaryCtxSetFlags``; ``engine.cuda_sync: blocking``). Call it before
-    anything in the process opens the device. None when done, else why not (the process
-    then waits as CUDA chooses)."""
-    try:
-        try:  # cuda-python >= 12.6 moved the driver API under cuda.bindings
-            from cuda.bindings import driver
-        except ImportError:  # pragma: no cover - older cuda-python
-            from cuda import cuda as driver
-    except ImportError as e:
-        return f"needs cuda-python ({e})"
-    (err,) = driver.cuInit(0)
-    if int(err) != 0:
-        return f"cuInit failed ({err})"
-    err, handle = driver.cuDeviceGet(device)
-    if int(err) != 0:
-        return f"cuDeviceGet failed ({err})"
-    (err,) = driver.cuDevicePrimaryCtxSetFlags(handle, CU_CTX_SCHED_BLOCKING_SYNC)
-    if int(err) != 0:
-        return f"cuDevicePrimaryCtxSetFlags failed ({err})"
-    return None
-
-
 def open_runtime(backend: str = "auto", device: int = 0) -> CudaRuntime:
     """The configured CUDA binding; ``auto`` tries cuda-python, then pycuda."""
     import importlib
