@@ -2,6 +2,8 @@
 
     EdgeVisionError
     ├── ConfigError            bad configuration; stops start-up with a message naming the key
+    │   └── ListenFailed       the node cannot listen on server.host:server.port (in use, not
+    │                          this machine's address): one line saying what to do, exit 2
     ├── ModelError             a model file that cannot be used (missing, unsupported outputs)
     ├── EngineError            an engine failed to load or to run
     │   ├── EngineUnavailable  no engine can serve right now (GPU lost, Triton down, no fallback)
@@ -16,6 +18,8 @@
         ├── ConnectFailed              no session could be opened
         │   ├── ServerUnreachable      no TCP connection (refused, no route, DNS, TLS)
         │   └── HandshakeRefused       an HTTP status instead of the upgrade (.status, .body)
+        │       ├── WrongPath              no WebSocket at the URL's path (the page, a 404):
+        │       │                          .ws_url names the node's /ws
         │       ├── AuthenticationFailed   401: no or a bad token
         │       ├── AccessForbidden        403: wrong scope or origin
         │       ├── ProtocolNotServed      400 unsupported_protocol (.protocols served)
@@ -27,7 +31,7 @@
         │   ├── SlowClient             4002 (protocol 1: 1008 "not reading")
         │   ├── SessionSuperseded      4000 (protocol 1: 1008 "resumed elsewhere")
         │   ├── TokenExpired           4001
-        │   ├── MessageTooBig          1009
+        │   ├── MessageTooBig          1009, or refused before sending (.size, .limit)
         │   ├── ServerOverloaded       1013 (RFC 6455 peers, proxies; edge_vision sends none)
         │   ├── ServerFailed           1011 (RFC 6455 peers, proxies; edge_vision sends none)
         │   ├── ProtocolViolation      1002, 1007, 1008 otherwise
@@ -69,6 +73,12 @@ class EdgeVisionError(Exception):
 
 class ConfigError(EdgeVisionError):
     """The configuration is invalid; the message names the key and the allowed values."""
+
+
+class ListenFailed(ConfigError):
+    """The node cannot listen where it was told (``server.host``, ``server.port``): the
+    port is in use, the address is not this machine's, or the port needs privileges. The
+    message names the address, the operating system's reason and what to do."""
 
 
 class ModelError(EdgeVisionError):
@@ -143,10 +153,21 @@ class ServerUnreachable(ConnectFailed):
 class HandshakeRefused(ConnectFailed):
     """The server answered the upgrade with an HTTP status; ``body`` is its short reason."""
 
-    def __init__(self, url: str, status: int, body: str) -> None:
-        super().__init__(url, f"the server at {url} refused the WebSocket: HTTP {status}: {body}")
+    def __init__(self, url: str, status: int, body: str, message: str | None = None) -> None:
+        super().__init__(
+            url, message or f"the server at {url} refused the WebSocket: HTTP {status}: {body}"
+        )
         self.status = status
         self.body = body
+
+
+class WrongPath(HandshakeRefused):
+    """The URL's path serves no WebSocket: the overlay page (HTTP 200) or nothing (404).
+    ``ws_url`` is where an edge_vision node serves it (the same address, path ``/ws``)."""
+
+    def __init__(self, url: str, status: int, body: str, message: str, ws_url: str) -> None:
+        super().__init__(url, status, body, message)
+        self.ws_url = ws_url
 
 
 class AuthenticationFailed(HandshakeRefused):
@@ -221,9 +242,34 @@ class TokenExpired(ConnectionClosed):
 
 
 class MessageTooBig(ConnectionClosed):
-    """A message was larger than the node's ``limits.max_message_bytes``."""
+    """A message larger than the node's ``server.max_message_bytes`` (announced in hello's
+    ``limits.max_message_bytes``).
+
+    Raised by the client's ``send`` before anything is sent, with ``size`` and ``limit``
+    in bytes (``code`` None: the connection stays open, the next frame may go); or for the
+    server's 1009 close (``size`` and ``limit`` None), when the client did not know the
+    limit."""
 
     resumable = True
+
+    def __init__(
+        self,
+        code: int | None,
+        reason: str = "",
+        *,
+        size: int | None = None,
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(code, reason)
+        self.size = size
+        self.limit = limit
+        if size is not None and limit is not None:
+            self.args = (
+                f"a frame of {size:,} bytes is over this node's limit of {limit:,} bytes a "
+                "message (its server.max_message_bytes, announced in hello); nothing was sent "
+                "and the connection stays open: send a smaller image (scale it down, or JPEG "
+                "rather than PNG)",
+            )
 
 
 class ServerOverloaded(ConnectionClosed):

@@ -24,6 +24,7 @@ from ..errors import (
     FrameDropped,
     FrameRejected,
     HandshakeRefused,
+    MessageTooBig,
     ProtocolNotServed,
     ProtocolViolation,
     ServerShuttingDown,
@@ -37,7 +38,14 @@ from ..session.receive import (
     encode_binary_frame,
     encode_json_frame,
 )
-from .handshake import classify_close, handshake, refusal_error, retry_after, why
+from .handshake import (
+    WRONG_PATH_STATUSES,
+    classify_close,
+    handshake,
+    refusal_error,
+    retry_after,
+    why,
+)
 from .values import (
     Answer,
     Books,
@@ -172,9 +180,11 @@ class EdgeVisionClient:
         assert self._session is not None
         url, subprotocols = handshake(self.url, self.protocol, self.mode, resume_token)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        deadline = time.monotonic() + self.retry_s
+        started = time.monotonic()
+        deadline = started + self.retry_s
         backoff = 0.1
         where = self.url
+        said: str | None = None  # the failure last said at WARNING
         while True:
             wait: float | None
             error: ConnectFailed
@@ -189,7 +199,7 @@ class EdgeVisionClient:
                 )
                 break
             except aiohttp.WSServerHandshakeError as e:
-                if e.status == 503:  # retried: the status and Retry-After say enough
+                if e.status == 503:  # retried, waiting what Retry-After says
                     error = ServerUnavailable(where, e.status, "service unavailable")
                     wait = retry_after(e.headers)
                 else:
@@ -202,10 +212,26 @@ class EdgeVisionClient:
             if wait is None:
                 wait, backoff = backoff, min(backoff * 2, self.max_retry_wait_s)
             wait = min(max(wait, 0.05), self.max_retry_wait_s)
-            if time.monotonic() + wait > deadline:
-                raise error
+            now = time.monotonic()
+            if now + wait > deadline:
+                raise await self._gave_up(error, url, headers, now - started) from None
             self.retries += 1
-            log.info("%s; retrying in %.2f s", error, wait)
+            # Each new failure is said at WARNING (the default log level shows it), with
+            # the retry budget left; its repeats at INFO.
+            if str(error) != said:
+                said = str(error)
+                shown = said
+                if isinstance(error, ServerUnavailable):  # why: warming up, full, stopping
+                    body = await self._refusal_body(url, headers, 503) or error.body
+                    shown = f"the server at {where} refused the WebSocket: HTTP 503: {body}"
+                log.warning(
+                    "%s; retrying for up to %.1f s more (retry_s=%g)",
+                    shown,
+                    deadline - now,
+                    self.retry_s,
+                )
+            else:
+                log.info("%s; retrying in %.2f s (%.1f s left)", said, wait, deadline - now)
             await asyncio.sleep(wait)
         try:
             msg = await ws.receive(timeout=self.reply_timeout_s)
@@ -227,16 +253,46 @@ class EdgeVisionClient:
         return hello
 
     async def _refusal(self, url: str, headers: Mapping[str, str], status: int) -> HandshakeRefused:
-        """The refusal as an exception, with the server's short reason: aiohttp keeps no
-        body of a refused upgrade, so the same request is made once more as a plain GET."""
+        """The refusal as an exception, with the server's short reason (none for a wrong
+        path: a page's HTML says nothing to a camera)."""
+        if status in WRONG_PATH_STATUSES:
+            return refusal_error(self.url, status, "")
+        return refusal_error(self.url, status, await self._refusal_body(url, headers, status))
+
+    async def _refusal_body(self, url: str, headers: Mapping[str, str], status: int) -> str:
+        """The server's short reason for refusing with ``status``: aiohttp keeps no body of
+        a refused upgrade, so the same request is made once more as a plain GET."""
         assert self._session is not None
-        body = ""
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
             timeout = aiohttp.ClientTimeout(total=5.0)
             async with self._session.get(url, headers=headers, timeout=timeout) as r:
                 if r.status == status:
-                    body = (await r.text())[:500].strip()
-        return refusal_error(self.url, status, body)
+                    return (await r.text())[:500].strip()
+        return ""
+
+    async def _gave_up(
+        self, error: ConnectFailed, url: str, headers: Mapping[str, str], elapsed: float
+    ) -> ConnectFailed:
+        """The last failure once the retry budget is spent: how long it tried, and what to
+        check."""
+        tried = f"tried for {elapsed:.1f} s (retry_s={self.retry_s:g})"
+        if isinstance(error, ServerUnavailable):
+            body = await self._refusal_body(url, headers, 503) or "service unavailable"
+            return ServerUnavailable(
+                self.url,
+                503,
+                body,
+                f"the server at {self.url} still refuses the WebSocket (HTTP 503: {body}); "
+                f"{tried}: it is warming up, at a connection limit or stopping (its /readyz "
+                "says which); retry later, or give a longer retry_s",
+            )
+        if isinstance(error, ServerUnreachable):
+            return ServerUnreachable(
+                self.url,
+                f"{error}; {tried}: check the host and port, and that 'edge-vision serve' "
+                "runs there (its log names the URL to use)",
+            )
+        return error
 
     # -- sending ------------------------------------------------------------------------
 
@@ -280,21 +336,31 @@ class EdgeVisionClient:
 
         ``image``: JPEG or PNG bytes, or an ``(H, W, 3)`` uint8 RGB array (encoded to JPEG
         at ``quality``). ``frame_id``: default 0, 1, 2, ... ``ts``: default the wall clock in
-        milliseconds; None sends ``null``."""
+        milliseconds; None sends ``null``.
+
+        A message over the node's limit (hello's ``limits.max_message_bytes``) raises
+        :class:`~edge_vision.errors.MessageTooBig` with its size and the limit, and nothing
+        is sent: the connection stays open."""
         if isinstance(image, bytes):
             data = image
         else:  # milliseconds of CPU for a large frame: not on the caller's event loop
             data = await asyncio.to_thread(jpeg_from_array, image, quality)
+        limit = self.hello.limits.max_message_bytes  # 0: the node did not say
+        if limit and len(data) > limit:  # every form of the message is larger than the image
+            raise MessageTooBig(None, size=len(data), limit=limit)
         fid: FrameId = next(self._ids) if frame_id is None else frame_id
         if fid in self._pending:
             raise ValueError(f"frame id {fid!r} is still waiting for its answer")
         stamp = time.time() * 1000.0 if ts is _UNSET else ts
         form = wire or self.wire or ("binary" if "binary_frames" in self.hello.features else "json")
-        message = (
+        message: str | bytes = (
             encode_binary_frame(fid, stamp, data)
             if form == "binary"
             else encode_json_frame(fid, stamp, data)
         )
+        size = len(message) if isinstance(message, bytes) else len(message.encode())
+        if limit and size > limit:  # the node would close the connection on it (1009)
+            raise MessageTooBig(None, size=size, limit=limit)
         await self._socket()  # raises the failure if the session is over
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._pending[fid] = future

@@ -31,6 +31,7 @@ from ..errors import (
     SessionSuperseded,
     SlowClient,
     TokenExpired,
+    WrongPath,
 )
 from ..session.versions import RESUME_ENTRY, SUBPROTOCOL
 
@@ -97,8 +98,40 @@ def handshake(
     return with_query(url, protocol=str(protocol), mode=mode, resume=resume_token), ()
 
 
+#: Statuses that mean the URL's path serves no WebSocket: a page (200), or nothing (404).
+WRONG_PATH_STATUSES = frozenset({200, 404})
+
+
+def node_ws_url(url: str) -> str:
+    """Where an edge_vision node at ``url``'s address serves its WebSocket: path ``/ws``."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/ws", "", ""))
+
+
+def wrong_path(where: str, status: int, body: str = "") -> WrongPath:
+    """HTTP 200 or 404 instead of the upgrade: the path is the overlay page, another page,
+    or nothing; the message names the node's ``/ws`` (and never repeats a page's HTML)."""
+    ws = node_ws_url(where)
+    path = urlsplit(where).path
+    if path in ("", "/"):
+        message = f"{where} is the overlay page; the WebSocket is at {ws}"
+    elif status == 200:
+        message = f"{where} is a page (HTTP 200), not the WebSocket; it is at {ws}"
+    elif path.rstrip("/").endswith("/ws"):
+        message = (
+            f"nothing serves a WebSocket at {where} (HTTP 404): is an edge_vision node "
+            "there, or does a proxy in front serve its /ws under another path?"
+        )
+    else:
+        message = f"nothing serves a WebSocket at {where} (HTTP 404); it is at {ws}"
+    short = "" if body.lstrip().startswith("<") else body[:200]
+    return WrongPath(where, status, short, message, ws)
+
+
 def refusal_error(where: str, status: int, body: str) -> HandshakeRefused:
     """A refused upgrade (HTTP ``status`` with the server's short ``body``) as its exception."""
+    if status in WRONG_PATH_STATUSES:
+        return wrong_path(where, status, body)
     if status == 401:
         return AuthenticationFailed(where, status, body)
     if status == 403:

@@ -36,6 +36,7 @@ from typing import Any
 from aiohttp import web
 
 from .app_keys import STATE
+from .listen import listen
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class Balancer:
     accepts connections and hands each to a worker (first of :func:`hand_order`)."""
 
     def __init__(self, host: str | None, port: int, workers: int, backlog: int = 1024) -> None:
-        self.listeners = _listen(host, port, backlog)
+        self.listeners = listen(host, port, backlog=backlog)  # raises ListenFailed
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(workers)]
         self._to_worker = [mine for mine, _ in pairs]
         for mine in self._to_worker:  # a wedged worker's full queue must not stop accepting
@@ -177,38 +178,6 @@ class Balancer:
             self._thread.join(timeout=2.0)
         for sock in (*self.listeners, *self._to_worker):
             sock.close()
-
-
-def _listen(host: str | None, port: int, backlog: int) -> list[socket.socket]:
-    """Listening sockets on every address ``host`` resolves to (all interfaces for
-    None or ""), as aiohttp's TCP site binds them."""
-    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    listeners: list[socket.socket] = []
-    seen: set[Any] = set()
-    try:
-        for family, kind, proto, _name, addr in infos:
-            if (family, addr) in seen:
-                continue
-            seen.add((family, addr))
-            try:
-                sock = socket.socket(family, kind, proto)
-            except OSError as e:  # e.g. IPv6 off: that family is skipped, as asyncio does
-                log.info("not listening on %s: %s", addr, e)
-                continue
-            listeners.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(addr)
-            sock.listen(backlog)
-            sock.setblocking(False)
-    except OSError:
-        for sock in listeners:
-            sock.close()
-        raise
-    if not listeners:
-        raise OSError(f"could not listen on {host}:{port}")
-    return listeners
 
 
 def _receive(handed_over: socket.socket) -> list[socket.socket]:

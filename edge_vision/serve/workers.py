@@ -45,9 +45,10 @@ from ..common import systemd
 from ..common.aio import cancel_and_wait, with_timeout
 from ..common.memory import fix_mmap_threshold, freeze_startup_heap
 from ..config import Config, ServerConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, ListenFailed
 from .app_keys import CONNECTIONS, METRICS, SERVICE, STARTUP, STATE
 from .balance import Balancer, take_handed
+from .listen import bound_port, listen, where_to_connect
 from .server import create_app
 
 log = logging.getLogger(__name__)
@@ -312,6 +313,9 @@ def run_node(config: Config) -> None:
     if config.server.workers > 1:
         _run_workers(config)
         return
+    # Bound before the model loads: a port in use is one line at once (ListenFailed).
+    listeners = listen(config.server.host, config.server.port)
+    _say_where(config, bound_port(listeners, config.server.port))
     watchdog = systemd.watchdog_interval_s()
     notifier = NodeNotifier(1, watchdog)
 
@@ -320,7 +324,18 @@ def run_node(config: Config) -> None:
         notifier.record(beat, now)
         notifier.tick(now)
 
-    _serve(config, WorkerReporter(0, on_beat, beat_interval_s(watchdog)), notifier.stop)
+    _serve(
+        config,
+        WorkerReporter(0, on_beat, beat_interval_s(watchdog)),
+        notifier.stop,
+        listeners=listeners,
+    )
+
+
+def _say_where(config: Config, port: int) -> None:
+    """Once per node, when its port is bound: where to connect, and who may."""
+    server = config.server
+    log.info(where_to_connect(server.host, port, config.auth.enabled, socket.gethostname()))
 
 
 def _serve(
@@ -328,7 +343,7 @@ def _serve(
     reporter: WorkerReporter,
     on_stop: Callable[[], object] | None,
     *,
-    reuse_port: bool = False,
+    listeners: Sequence[socket.socket] = (),
     handed_over: socket.socket | None = None,
     on_warm: Callable[[], object] | None = None,
     workers_warm: Callable[[], bool] | None = None,
@@ -349,9 +364,7 @@ def _serve(
     _run_app(
         app,
         new_event_loop(config.server.event_loop),
-        host=config.server.host,
-        port=config.server.port,
-        reuse_port=reuse_port,
+        listeners=listeners,
         handed_over=handed_over,
         shutdown_timeout=config.server.shutdown_grace_s + 2,
     )
@@ -361,15 +374,14 @@ def _run_app(
     app: web.Application,
     loop: asyncio.AbstractEventLoop,
     *,
-    host: str | None,
-    port: int,
-    reuse_port: bool,
+    listeners: Sequence[socket.socket],
     handed_over: socket.socket | None,
     shutdown_timeout: float,
 ) -> None:
     """Serve ``app`` until SIGTERM/SIGINT as aiohttp's ``web.run_app`` does (its runner,
-    graceful shutdown, the loop closed at the end), on ``host``:``port`` or on the
-    connections the main process hands over ``handed_over`` (server.worker_balance), with
+    graceful shutdown, the loop closed at the end), on the ``listeners`` bound before
+    (:func:`.listen.listen`) or on the connections the main process hands over
+    ``handed_over`` (server.worker_balance), with
     one difference: the first SIGTERM or SIGINT starts the shutdown and later ones are
     ignored. A supervisor that signals every process of the node gives each worker two
     (its own and the one the main process forwards); in ``run_app`` the second raises
@@ -389,7 +401,8 @@ def _run_app(
         try:
             await runner.setup()
             if handed_over is None:
-                await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
+                for sock in listeners:
+                    await web.SockSite(runner, sock).start()
             else:
                 server = runner.server
                 if server is None:  # pragma: no cover - setup() made it
@@ -467,11 +480,18 @@ def _worker_main(
     def emit(beat: WorkerBeat) -> None:
         beats.put(("beat", index, beat))  # never blocks: a feeder thread writes the pipe
 
+    listeners: list[socket.socket] = []
+    if handed_over is None:  # server.worker_balance reuse-port: each worker listens
+        try:
+            listeners = listen(config.server.host, config.server.port, reuse_port=True)
+        except ListenFailed as e:  # the main process's check passed; something took it since
+            log.error("%s", e)
+            raise SystemExit(2) from None
     _serve(
         config,
         WorkerReporter(index, emit, beat_s),
         None,
-        reuse_port=handed_over is None,
+        listeners=listeners,
         handed_over=handed_over,
         on_warm=warm[index].set,
         workers_warm=lambda: all(e.is_set() for e in warm),
@@ -493,7 +513,11 @@ def _run_workers(config: Config) -> None:
     # connection to the worker with the fewest clients (edge_vision/serve/balance.py).
     balancer = None
     if config.server.worker_balance == "least-clients":
-        balancer = Balancer(config.server.host, config.server.port, n)
+        balancer = Balancer(config.server.host, config.server.port, n)  # raises ListenFailed
+    else:  # each worker listens; a port in use is said here, once, before any starts
+        for sock in listen(config.server.host, config.server.port, reuse_port=True):
+            sock.close()
+    _say_where(config, config.server.port)
     ends: list[socket.socket | None] = list(balancer.worker_ends) if balancer else [None] * n
     procs = [
         ctx.Process(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -209,6 +211,93 @@ async def test_nothing_listening_is_server_unreachable_after_the_budget() -> Non
     await client.close()
 
 
+def retry_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "edge_vision.client.connection" and r.levelno == logging.WARNING
+    ]
+
+
+async def test_while_it_retries_a_dead_port_it_says_so_and_the_end_says_what_to_check(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = f"ws://127.0.0.1:{free_port()}/ws"
+    client = EdgeVisionClient(url, retry_s=1.5, max_retry_wait_s=0.2)
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO), pytest.raises(errors.ServerUnreachable) as info:
+        await client.connect()
+    took = time.monotonic() - started
+    # Said once at WARNING (seen without any logging set up), with the retry budget left.
+    [warning] = retry_warnings(caplog)
+    assert re.fullmatch(
+        rf"cannot reach the server at {url}: connection refused; retrying for up to "
+        r"1\.[0-5] s more \(retry_s=1\.5\)",
+        warning,
+        flags=re.IGNORECASE,
+    ), warning
+    assert client.retries >= 3
+    message = str(info.value)
+    assert message.startswith(f"cannot reach the server at {url}: ")
+    tried = float(re.search(r"tried for ([\d.]+) s \(retry_s=1\.5\)", message)[1])  # type: ignore[index]
+    assert 1.0 <= tried <= took
+    assert message.endswith(
+        ": check the host and port, and that 'edge-vision serve' runs there (its log names "
+        "the URL to use)"
+    )
+    await client.close()
+
+
+async def test_while_the_engine_warms_up_it_says_why_it_retries_and_for_how_long(
+    spec: ModelSpec, caplog: pytest.LogCaptureFixture
+) -> None:
+    gate = asyncio.Event()
+    async with gated_server(spec, gate) as srv:
+        client = EdgeVisionClient(srv.ws_url, retry_s=1.2, max_retry_wait_s=0.2)
+        with caplog.at_level(logging.INFO), pytest.raises(errors.ServerUnavailable) as info:
+            await client.connect()
+        [warning] = retry_warnings(caplog)
+        assert warning.startswith(
+            f"the server at {srv.ws_url} refused the WebSocket: HTTP 503: engine is warming "
+            "up; retry shortly; retrying for up to 1."
+        ), warning
+        assert info.value.body == "engine is warming up; retry shortly"
+        assert str(info.value).startswith(
+            f"the server at {srv.ws_url} still refuses the WebSocket (HTTP 503: engine is "
+            "warming up; retry shortly); tried for "
+        )
+        assert "(retry_s=1.2): it is warming up" in str(info.value)
+        await client.close()
+
+
+async def test_the_page_s_url_is_no_websocket_and_the_error_names_ws(
+    server: RunningServer,
+) -> None:
+    page = f"ws://127.0.0.1:{server.port}/"
+    client = EdgeVisionClient(page, retry_s=5)
+    with pytest.raises(errors.WrongPath) as info:
+        await client.connect()
+    assert str(info.value) == f"{page} is the overlay page; the WebSocket is at {server.ws_url}"
+    assert info.value.status == 200 and info.value.body == ""  # no HTML, in any field
+    assert client.retries == 0
+    await client.close()
+    # What it names is the WebSocket.
+    async with camera_client(info.value.ws_url) as right:
+        assert right.hello.session_id
+
+
+async def test_a_path_that_is_not_there_is_a_404_that_names_ws(server: RunningServer) -> None:
+    url = f"ws://127.0.0.1:{server.port}/camera?protocol=2"
+    client = EdgeVisionClient(url, retry_s=5)
+    with pytest.raises(errors.WrongPath) as info:
+        await client.connect()
+    assert str(info.value) == (
+        f"nothing serves a WebSocket at {url} (HTTP 404); it is at {server.ws_url}"
+    )
+    assert info.value.status == 404 and client.retries == 0
+    await client.close()
+
+
 async def test_a_version_the_node_does_not_serve_is_protocol_not_served(
     server: RunningServer,
 ) -> None:
@@ -336,8 +425,14 @@ async def test_a_newer_connection_resuming_the_session_is_session_superseded(
     await first.close()
 
 
-async def test_a_message_over_the_limit_is_message_too_big(server_factory: Any) -> None:
+async def test_a_frame_over_the_limit_is_message_too_big_before_it_is_sent(
+    server_factory: Any,
+) -> None:
+    """The client checks hello's limit: the frame is refused with its size and the limit,
+    nothing goes out, and the session streams on (the node would close it with 1009)."""
     srv = await server_factory({"server": {"max_message_bytes": 4096}})
+    small = text_scene(96, 64, texts=[]).jpeg(quality=40)
+    assert len(small) < 3000 < len(JPG)
     heard: list[tuple[object, str]] = []
 
     def on_drop(fid: object, cause: str) -> None:
@@ -345,14 +440,25 @@ async def test_a_message_over_the_limit_is_message_too_big(server_factory: Any) 
 
     async with camera_client(srv.ws_url, resume=False, on_drop=on_drop) as client:
         assert client.hello.limits.max_message_bytes == 4096
-        pending = await client.send(JPG)  # ~30 kB
         with pytest.raises(errors.MessageTooBig) as info:
-            await asyncio.wait_for(results_until_closed(client), T(20))
-        assert info.value.code == 1009
-        with pytest.raises(errors.FrameDropped):
-            await pending
-        assert heard == [(0, "closed")]  # in flight when the connection closed
-        assert (client.books.sent, client.books.lost, client.books.dropped) == (1, 1, 0)
+            await client.send(JPG)  # ~30 kB
+        too_big = info.value
+        assert (too_big.size, too_big.limit, too_big.code) == (len(JPG), 4096, None)
+        assert str(too_big) == (
+            f"a frame of {len(JPG):,} bytes is over this node's limit of 4,096 bytes a message "
+            "(its server.max_message_bytes, announced in hello); nothing was sent and the "
+            "connection stays open: send a smaller image (scale it down, or JPEG rather than "
+            "PNG)"
+        )
+        # As JSON the same small image grows by a third (base64): the message is measured.
+        padded = small + b"\0" * (3200 - len(small))  # a JPEG may carry trailing bytes
+        with pytest.raises(errors.MessageTooBig) as info:
+            await client.send(padded, wire="json")
+        assert info.value.size is not None and 4096 < info.value.size < 4400
+        assert client.books.sent == 0 and heard == []
+        result = await asyncio.wait_for(await client.send(small), T(20))
+        assert (result.width, result.height) == (96, 64)
+        assert client.books.answered == 1
 
 
 async def test_closing_the_client_ends_results_and_the_session(server: RunningServer) -> None:

@@ -24,6 +24,7 @@ from ...errors import (
     MessageTooBig,
     ServerShuttingDown,
     ServerUnavailable,
+    WrongPath,
 )
 from .books import Encoded, Outcome
 from .options import ReplayError, ReplayOptions
@@ -134,8 +135,8 @@ class RemoteTarget:
             if e.status in (401, 403):
                 hint = "check --token" if self.opts.token else "it needs --token"
                 return f"the server at {where} refused authorisation (HTTP {e.status}); {hint}"
-            if e.status == 404:
-                return f"no WebSocket endpoint at {where} (HTTP 404); the server's is /ws"
+            if isinstance(e, WrongPath):  # the page, or nothing: the client names /ws
+                return str(e)
             return f"the server at {where} refused the WebSocket (HTTP {e.status}: {e.body})"
         return str(e)  # unreachable, or no hello: the client's own words
 
@@ -218,6 +219,11 @@ class RemoteTarget:
         where = self.description
         if isinstance(e, ServerShuttingDown):
             return f"the server at {where} is shutting down"
+        if isinstance(e, MessageTooBig) and e.size is not None:  # refused before sending
+            return (
+                f"a frame of {e.size} bytes is over the limit of {e.limit} bytes a message of "
+                f"the server at {where} (lower --jpeg-quality, or use --wire binary)"
+            )
         if isinstance(e, MessageTooBig):  # docs/protocol.md close codes
             limit = self.client.hello.limits.max_message_bytes
             return (
