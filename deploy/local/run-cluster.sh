@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Several edge_vision nodes behind nginx, sharing one Redis, all on this machine: the
-# multi-node setup of README "More than one machine", runnable with one command.
+# multi-node setup of docs/cluster.md, runnable with one command.
 #
 #   deploy/local/run-cluster.sh [NODES] [-- extra 'edge-vision serve' arguments]
 #

@@ -1,5 +1,5 @@
 """Two edge_vision nodes, as separate processes, behind a real nginx (Debian package),
-sharing one real redis-server, all on loopback: README "More than one machine".
+sharing one real redis-server, all on loopback: docs/cluster.md.
 
 nginx runs the configuration shipped in deploy/nginx/, rendered as
 deploy/local/run-cluster.sh renders it; the last test runs that script itself.
