@@ -116,7 +116,7 @@ def _server_argv(args: argparse.Namespace, port: int) -> list[str]:
     return argv
 
 
-def _load_run(
+def load_run(
     name: str,
     url: str,
     jpegs: list[bytes],
@@ -456,13 +456,13 @@ def _bench(args: argparse.Namespace, config: Any) -> int:
                 one = shared.enter_context(_ours(args, out))
             for n in cams:
                 if args.url:
-                    add(_load_run("target", args.url, jpegs, n, args, None))
+                    add(load_run("target", args.url, jpegs, n, args, None))
                     continue
                 if one is not None:
-                    add(_load_run("edge_vision", one.ws_url, jpegs, n, args, one))
+                    add(load_run("edge_vision", one.ws_url, jpegs, n, args, one))
                 else:
                     with _ours(args, out) as srv:
-                        add(_load_run("edge_vision", srv.ws_url, jpegs, n, args, srv))
+                        add(load_run("edge_vision", srv.ws_url, jpegs, n, args, srv))
                 if args.compare:
                     port = free_port()
                     threads = str(config.engine.onnxruntime.threads or "")
@@ -478,7 +478,7 @@ def _bench(args: argparse.Namespace, config: Any) -> int:
                     if threads:
                         argv += ["--threads", threads]
                     with Server(argv, port, out / "baseline.log", ready_path=None) as srv:
-                        add(_load_run("baseline", srv.ws_url, jpegs, n, args, srv))
+                        add(load_run("baseline", srv.ws_url, jpegs, n, args, srv))
     report = _write_results(out, report, runs, engine_res, partial=False)
     _print_table(runs, engine_res)
     for line in report["ratios"].get("lines", []):

@@ -1,0 +1,147 @@
+"""The search behind ``edge-vision tune``, without I/O: which settings to try, in what order,
+within what time, and which trial is best for a stated load.
+
+A trial runs the real server with some settings against the load and reports what the
+cameras saw (:class:`Trial`). :func:`search` starts from the settings the node would run
+anyway (``engine.kind: auto``'s), then tries each knob's other values one knob at a time,
+keeping a value when it beats the best so far (coordinate descent: a handful of knobs
+whose effects are nearly independent, each with two or three values worth trying). It
+stops when the budget cannot pay for another trial, or at once when the engine alone
+cannot serve the load (its measured ceiling is below the frames a second asked for).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The share of frames a trial must answer to hold the load (the bench's and the issues'
+#: "answered" bar: latest-wins may drop a few frames under any load).
+MIN_ANSWERED = 0.995
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The load to serve: ``cameras`` × ``fps``, each frame answered within ``p99_ms``."""
+
+    cameras: int
+    fps: float
+    p99_ms: float
+    min_answered: float = MIN_ANSWERED
+
+    @property
+    def frames_per_s(self) -> float:
+        return self.cameras * self.fps
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """A setting worth searching: its dotted config key, the values to try, and why."""
+
+    key: str
+    values: tuple[Any, ...]
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """What the cameras saw with ``settings``: the share of frames answered, their p99,
+    and the server's CPU seconds a 1,000 answered frames (None where unmeasured)."""
+
+    settings: Mapping[str, Any]
+    answered: float
+    p99_ms: float
+    cpu_per_1000: float | None = None
+    seconds: float = 0.0  # what the trial cost, start-up included
+
+    def holds(self, target: Target) -> bool:
+        return self.answered >= target.min_answered and self.p99_ms <= target.p99_ms
+
+
+def rank(trial: Trial, target: Target) -> tuple[float, ...]:
+    """Larger is better. A trial that holds the load beats one that does not; among those
+    that hold, the one that costs the server less CPU a frame (headroom), then the lower
+    p99; among those that do not, the one that answers more, then the lower p99."""
+    if trial.holds(target):
+        cpu = trial.cpu_per_1000 if trial.cpu_per_1000 is not None else math.inf
+        return (1.0, -round(cpu, 2), -trial.p99_ms)
+    return (0.0, round(trial.answered, 3), -trial.p99_ms)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The search's result: the best trial, every trial in order, and why it stopped."""
+
+    best: Trial | None
+    trials: list[Trial] = field(default_factory=list)
+    stopped: str = "every value of every knob tried"
+
+
+def search(
+    target: Target,
+    start: Mapping[str, Any],
+    knobs: Sequence[Knob],
+    measure: Callable[[Mapping[str, Any]], Trial],
+    budget_s: float,
+    *,
+    trial_cost_s: float,
+    clock: Callable[[], float],
+    ceiling_fps: float | None = None,
+    on_trial: Callable[[Trial, Trial], None] | None = None,
+) -> Outcome:
+    """The best settings for ``target`` found within ``budget_s`` (by ``clock``).
+
+    ``start``: the settings the node runs anyway; ``measure``: one trial of a full set of
+    settings; ``trial_cost_s``: the first guess at a trial's cost (later ones are judged by
+    the longest trial so far); ``ceiling_fps``: the engine's own frames a second, when
+    measured; ``on_trial(trial, best)``: called after each trial (progress, reports)."""
+    if ceiling_fps is not None and target.frames_per_s > ceiling_fps:
+        held = int(ceiling_fps // target.fps) if target.fps > 0 else 0
+        return Outcome(
+            None,
+            stopped=f"the engine alone serves {ceiling_fps:.0f} frames/s and the load asks "
+            f"{target.frames_per_s:.0f}: no setting can hold it (at most about {held} "
+            f"cameras at {target.fps:g} fps here)",
+        )
+    began = clock()
+    outcome = Outcome(None)
+    longest = trial_cost_s
+
+    def affordable() -> bool:
+        return clock() - began + longest <= budget_s
+
+    def run(settings: Mapping[str, Any]) -> Trial:
+        """One trial; the best trial so far."""
+        nonlocal longest
+        trial = measure(dict(settings))
+        longest = max(longest, trial.seconds)
+        outcome.trials.append(trial)
+        best = outcome.best
+        if best is None or rank(trial, target) > rank(best, target):
+            best = outcome.best = trial
+        if on_trial is not None:
+            on_trial(trial, best)
+        return best
+
+    if not affordable():
+        outcome.stopped = f"a trial takes about {longest:.0f} s, more than the budget"
+        return outcome
+    best = run(start)
+    tried = {_key(start)}
+    for knob in knobs:
+        for value in knob.values:
+            settings = {**best.settings, knob.key: value}
+            if _key(settings) in tried:
+                continue
+            if not affordable():
+                outcome.stopped = f"the budget ({budget_s:.0f} s) is spent"
+                return outcome
+            tried.add(_key(settings))
+            best = run(settings)
+    return outcome
+
+
+def _key(settings: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, repr(v)) for k, v in settings.items()))
