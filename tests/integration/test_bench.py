@@ -177,11 +177,11 @@ async def test_a_camera_against_a_server_that_stops_reading_reports_the_stall() 
 def small_bench(
     module: str, *args: str, json_out: Path | None, timeout: float
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """``python -m edge_vision.tools.bench.MODULE ARGS [--json JSON_OUT]``: the finished process
+    """``python -m benchmarks.MODULE ARGS [--json JSON_OUT]``: the finished process
     and, when it succeeded with ``json_out``, its report."""
     extra = ("--json", str(json_out)) if json_out is not None else ()
     proc = subprocess.run(
-        [sys.executable, "-m", f"edge_vision.tools.bench.{module}", *args, *extra],
+        [sys.executable, "-m", f"benchmarks.{module}", *args, *extra],
         capture_output=True,
         text=True,
         timeout=timeout,

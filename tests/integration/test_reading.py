@@ -415,7 +415,7 @@ MEASURE_ARGS += ["--compare", "--threads", "2"]
 
 def test_the_measurement_command_runs_and_compares_torch_with_onnx_runtime() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "edge_vision.frames.read", *MEASURE_ARGS],
+        [sys.executable, "-m", "benchmarks.read", *MEASURE_ARGS],
         capture_output=True,
         text=True,
         timeout=T(180),

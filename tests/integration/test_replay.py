@@ -359,7 +359,7 @@ def test_ctrl_c_leaves_a_valid_video_jsonl_and_summary(tmp_path: Path) -> None:
     clip = write_text_clip(tmp_path / "long.mp4", 320, 180, frames=300, fps=30.0)
     jsonl, video, summary = tmp_path / "i.jsonl", tmp_path / "i.mp4", tmp_path / "i.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edge_vision.tools.replay", str(clip.path), "--every-frame",
+        [sys.executable, "-m", "edge_vision.replay", str(clip.path), "--every-frame",
          "--in-flight", "1", "--out", str(video), "--jsonl", str(jsonl),
          "--summary-json", str(summary)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -205,8 +205,10 @@ def test_mock_tensorrt_absent_the_recogniser_falls_back_to_onnx_runtime_with_a_l
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt raises ImportError
-    with caplog.at_level(logging.WARNING, logger="edge_vision.frames.read"):
+    with caplog.at_level(logging.WARNING, logger="edge_vision.engines.recognisers"):
         rec = load_recogniser(None, "tensorrt", threads=1, config=reading_config(tmp_path))
     assert isinstance(rec, OnnxRuntimeRecogniser)
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "edge_vision.frames.read"]
+    (line,) = [
+        r.getMessage() for r in caplog.records if r.name == "edge_vision.engines.recognisers"
+    ]
     assert "runs on ONNX Runtime on the CPU" in line and "TensorRT's Python bindings" in line

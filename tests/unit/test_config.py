@@ -94,5 +94,5 @@ def test_an_old_config_with_a_removed_key_starts_and_says_what_to_delete(
     said = [r.getMessage() for r in caplog.records]
     assert any("'engine.cuda_sync' is no longer used" in m and "delete it" in m for m in said)
     assert any("'server.gil_switch_ms' is no longer used" in m for m in said)
-    with pytest.raises(ConfigError, match="unknown config key 'engine.cuda_synk'"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'engine\.cuda_synk'"):
         load_config(environ={}, cli={"engine": {"cuda_synk": "blocking"}})
