@@ -19,12 +19,15 @@ log = logging.getLogger("edge_vision")
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    setup_logging(config.logging.level)
+    # The engine choice and the server's imports (~1 s) only when serving, not for --help.
+    from .engines.choice import resolve_engine
+    from .serve.workers import run_node
+
+    config = resolve_engine(config)  # engine.kind auto: this machine's engine, said once
     if args.print_config:
         sys.stdout.write(dump_config(config))
         return 0
-    setup_logging(config.logging.level)
-    from .serve.workers import run_node  # the server's imports (~1 s) only when serving
-
     run_node(config)
     return 0
 
@@ -73,6 +76,7 @@ SUBCOMMAND_MODULES = (
     "tools.build_engine",
     "tools.token",
     "tools.doctor",
+    "tools.tune",
 )
 
 

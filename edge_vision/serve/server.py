@@ -33,6 +33,7 @@ from ..common.close_codes import CloseCode
 from ..common.metrics import Metrics
 from ..common.settings import is_mode
 from ..config import Config, engine_kinds, session_input_sizes
+from ..engines.choice import engine_choice_of, resolve_engine
 from ..errors import ConfigError, EdgeVisionError, UnsupportedProtocol
 from ..frames.infer import InferenceService
 from ..frames.pipeline import FramePipeline
@@ -163,6 +164,8 @@ async def readyz(request: web.Request) -> web.Response:
         or service.status.degraded
         or (service.status.ready and unhealthy is not None),
         "engine": _engine_json(service),
+        # Why this engine (engine.kind auto: the machine's reason and what it derived).
+        "engine_choice": engine_choice_of(app[CONFIG]),
         "state": keeper.status(),  # degraded state never makes the node unready
         "connections": len(app[CONNECTIONS]),
         "node": app[STATE].node_id,
@@ -445,6 +448,7 @@ def _authenticator(config: Config) -> auth.Authenticator:
 
 def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application:
     """Build the application; the engine starts when the app starts."""
+    config = resolve_engine(config)  # no-op unless engine.kind is auto (run_node resolves)
     logging.getLogger("edge_vision").setLevel(config.logging.level.upper())
     auth.install_log_redaction()  # whoever logs, no line carries a credential
     spec = spec or load_model_spec(config.model)

@@ -33,7 +33,6 @@ import os
 import queue
 import signal
 import socket
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from ..common import systemd
 from ..common.aio import cancel_and_wait, with_timeout
 from ..common.memory import fix_mmap_threshold, freeze_startup_heap
 from ..config import Config, ServerConfig
+from ..engines.choice import resolve_engine
 from ..errors import ConfigError, ListenFailed
 from .app_keys import CONNECTIONS, METRICS, SERVICE, STARTUP, STATE
 from .balance import Balancer, take_handed
@@ -309,7 +309,9 @@ def run_node(config: Config) -> None:
     With ``server.workers`` > 1, that many processes serve the port, each with its own
     event loop and engine, under a parent that speaks for the node and hands each new
     connection to the worker with the fewest clients (``server.worker_balance``,
-    :mod:`.balance`)."""
+    :mod:`.balance`). ``engine.kind: auto`` is resolved here, before the workers start, so
+    they all run the engine (and the worker count) it derives."""
+    config = resolve_engine(config)
     if config.server.workers > 1:
         _run_workers(config)
         return
@@ -450,14 +452,12 @@ def new_event_loop(kind: str) -> asyncio.AbstractEventLoop:
 
 
 def _tune_process(server: ServerConfig) -> None:
-    """The settings that hold for a whole serving process: glibc's mmap threshold and the
-    GIL's switch interval. (OpenCV's own threads follow where frames are letterboxed: the
+    """The settings that hold for a whole serving process: glibc's mmap threshold. (OpenCV's
+    own threads follow where frames are letterboxed: the
     pipeline sets them, threads.opencv_threads.)"""
     mmap_threshold = server.mmap_threshold_bytes
     if mmap_threshold is not None and not fix_mmap_threshold(mmap_threshold):
         log.info("server.mmap_threshold_bytes: mallopt is not available here")
-    if server.gil_switch_ms is not None:
-        sys.setswitchinterval(server.gil_switch_ms / 1000.0)
 
 
 def _worker_main(

@@ -73,7 +73,7 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, help="ONNX model (default: the embedded PP-OCRv6 det)")
     p.add_argument(
         "--engine",
-        help=" | ".join(engine_kinds())
+        help=" | ".join(("auto", *engine_kinds()))
         + f" (engine.kind; default: {EngineConfig.model_fields['kind'].default})",
     )
 
