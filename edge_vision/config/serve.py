@@ -90,7 +90,8 @@ class ServerConfig(_Section):
         None, description="Bearer token required by /api/*; none means the admin API is open."
     )
     web_root: Path | None = Field(
-        None, description="Folder served at / (the overlay page); default: the repo's web/."
+        None, description="Folder served at / instead of the overlay page that ships in the "
+        "package (edge_vision/web/): set it to serve a page of your own."
     )
     close_linger_s: float = Field(
         2.0,

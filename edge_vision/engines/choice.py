@@ -12,7 +12,7 @@ else the torch engine on a CUDA GPU; else ONNX Runtime on the CPU, the embedded 
 :func:`resolve_engine` turns a config whose ``engine.kind`` is ``auto`` into the one this
 machine runs, and on a GPU derives what the engine implies (:data:`GPU_DEFAULTS`, the
 worker layout, the compile and its cache) for every key the user did not set; the table
-of derived values and their rules is docs/configuration.md's "What auto derives".
+of derived values and their rules: docs/configuration.md, "What engine.kind: auto derives".
 """
 
 from __future__ import annotations
