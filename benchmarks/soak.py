@@ -10,7 +10,8 @@ and runs, in this process:
   each frame's latency measured from send to result;
 * ``--hostile`` clients cycling through hostile kinds, one message every
   ``--hostile-interval`` seconds each: bad JSON, bad base64, a truncated JPEG, invalid
-  UTF-8 (1007), the PNG bomb (decoded_too_large), 8 MiB frames (the memory budget),
+  UTF-8 (1007), the PNG bomb (decoded within the memory budget; decoded_too_large with
+  ``--set server.max_decoded_bytes=67108864``), 8 MiB frames (the memory budget),
   a message over the size limit (1009), reconnect churn, and a client that never reads
   its replies (closed after ``server.send_timeout_s``). A closed client reconnects.
 

@@ -41,6 +41,7 @@ from ..session.receive import (
 from .handshake import (
     WRONG_PATH_STATUSES,
     classify_close,
+    gave_up,
     handshake,
     refusal_error,
     retry_after,
@@ -213,8 +214,10 @@ class EdgeVisionClient:
                 wait, backoff = backoff, min(backoff * 2, self.max_retry_wait_s)
             wait = min(max(wait, 0.05), self.max_retry_wait_s)
             now = time.monotonic()
-            if now + wait > deadline:
-                raise await self._gave_up(error, url, headers, now - started) from None
+            if now + wait > deadline:  # the last failure, how long it tried, what to check
+                unavailable = isinstance(error, ServerUnavailable)
+                body = await self._refusal_body(url, headers, 503) if unavailable else ""
+                raise gave_up(error, now - started, self.retry_s, body) from None
             self.retries += 1
             # Each new failure is said at WARNING (the default log level shows it), with
             # the retry budget left; its repeats at INFO.
@@ -269,30 +272,6 @@ class EdgeVisionClient:
                 if r.status == status:
                     return (await r.text())[:500].strip()
         return ""
-
-    async def _gave_up(
-        self, error: ConnectFailed, url: str, headers: Mapping[str, str], elapsed: float
-    ) -> ConnectFailed:
-        """The last failure once the retry budget is spent: how long it tried, and what to
-        check."""
-        tried = f"tried for {elapsed:.1f} s (retry_s={self.retry_s:g})"
-        if isinstance(error, ServerUnavailable):
-            body = await self._refusal_body(url, headers, 503) or "service unavailable"
-            return ServerUnavailable(
-                self.url,
-                503,
-                body,
-                f"the server at {self.url} still refuses the WebSocket (HTTP 503: {body}); "
-                f"{tried}: it is warming up, at a connection limit or stopping (its /readyz "
-                "says which); retry later, or give a longer retry_s",
-            )
-        if isinstance(error, ServerUnreachable):
-            return ServerUnreachable(
-                self.url,
-                f"{error}; {tried}: check the host and port, and that 'edge-vision serve' "
-                "runs there (its log names the URL to use)",
-            )
-        return error
 
     # -- sending ------------------------------------------------------------------------
 

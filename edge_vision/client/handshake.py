@@ -17,6 +17,7 @@ from ..common.settings import Mode
 from ..errors import (
     AccessForbidden,
     AuthenticationFailed,
+    ConnectFailed,
     ConnectionClosed,
     ConnectionLost,
     HandshakeRefused,
@@ -27,6 +28,8 @@ from ..errors import (
     ServerFailed,
     ServerOverloaded,
     ServerShuttingDown,
+    ServerUnavailable,
+    ServerUnreachable,
     SessionEnded,
     SessionSuperseded,
     SlowClient,
@@ -126,6 +129,30 @@ def wrong_path(where: str, status: int, body: str = "") -> WrongPath:
         message = f"nothing serves a WebSocket at {where} (HTTP 404); it is at {ws}"
     short = "" if body.lstrip().startswith("<") else body[:200]
     return WrongPath(where, status, short, message, ws)
+
+
+def gave_up(error: ConnectFailed, elapsed: float, retry_s: float, body: str = "") -> ConnectFailed:
+    """The last failure once the retry budget is spent, saying how long it tried and what to
+    check; ``body``: the server's reason for a 503."""
+    tried = f"tried for {elapsed:.1f} s (retry_s={retry_s:g})"
+    where = error.url
+    if isinstance(error, ServerUnavailable):
+        body = body or "service unavailable"
+        return ServerUnavailable(
+            where,
+            503,
+            body,
+            f"the server at {where} still refuses the WebSocket (HTTP 503: {body}); {tried}: "
+            "it is warming up, at a connection limit or stopping (its /readyz says which); "
+            "retry later, or give a longer retry_s",
+        )
+    if isinstance(error, ServerUnreachable):
+        return ServerUnreachable(
+            where,
+            f"{error}; {tried}: check the host and port, and that 'edge-vision serve' runs "
+            "there (its log names the URL to use)",
+        )
+    return error
 
 
 def refusal_error(where: str, status: int, body: str) -> HandshakeRefused:

@@ -16,21 +16,32 @@ class ServerConfig(_Section):
     max_message_bytes: int = Field(
         8 * 1024 * 1024,
         ge=1024,
-        description="Largest WebSocket message accepted; larger closes the socket with 1009.",
+        description="Largest WebSocket message accepted (announced in hello; the Python "
+        "client refuses a larger frame before sending it, with MessageTooBig); a larger one "
+        "closes the socket with 1009. Raise it for large PNG frames.",
     )
     max_pixels: int = Field(
         40_000_000,
         ge=1,
         description="Largest image (width x height) accepted, checked from the header before "
-        "decoding; larger is answered with image_too_large.",
+        "decoding; larger is answered with image_too_large, whose message names this "
+        "setting. The one pixel limit to state: server.max_decoded_bytes follows it unless "
+        "set.",
     )
     max_decoded_bytes: int = Field(
-        64 * 1024 * 1024,
+        3 * 40_000_000,
         ge=1024,
-        description="Most bytes one frame may decode to (BGR, after any DCT downscale), "
-        "checked from the header before decoding; more is answered with decoded_too_large. "
-        "64 MiB takes a 20 MP PNG or any JPEG up to max_pixels, and refuses a 116 KB PNG "
-        "of 6,320 x 6,320 zeros that would cost 120-230 MB to decode.",
+        description="Most bytes one frame may decode to (BGR, 3 bytes a pixel, after any DCT "
+        "downscale), checked from the header before decoding; more is answered with "
+        "decoded_too_large, whose message names this setting and the largest PNG it takes. "
+        "Unless set, derived: server.max_pixels x 3, so every image the pixel limit admits "
+        "decodes, but no more than half of one worker's share of the memory budget "
+        "(server.memory_budget_bytes / server.workers) rounded down to a power of two: a "
+        "PNG's decode holds the decoder's own pixels and the pool's power-of-two buffer at "
+        "once, so a frame that passes is not refused later for want of memory on an idle "
+        "worker. Set it lower to refuse large PNGs (which are "
+        "never scaled down while decoding: a 116 KB PNG of 6,320 x 6,320 zeros decodes to "
+        "120 MB) while JPEGs up to max_pixels still decode scaled down.",
     )
     memory_budget_bytes: int = Field(
         512 * 1024 * 1024,
@@ -132,6 +143,18 @@ class ServerConfig(_Section):
         "on the 2-core machine, under 1 % of a frame's cost on the GPU path "
         "(python -m benchmarks.loop, docs/benchmarks.md).",
     )
+
+    @model_validator(mode="after")
+    def _decoded_bytes_follow_pixels(self) -> ServerConfig:
+        """server.max_decoded_bytes, unless set: what the pixel limit admits, within what
+        one worker's memory budget can decode (its description says why). Runs again on
+        every assignment, so a worker count derived later (engine.kind auto) is followed."""
+        if "max_decoded_bytes" not in self.model_fields_set:
+            share = self.memory_budget_bytes // self.workers // 2
+            pool_buffer = 1 << (share.bit_length() - 1)  # the pool's power-of-two classes
+            self.__dict__["max_decoded_bytes"] = max(1024, min(3 * self.max_pixels, pool_buffer))
+        return self
+
     test_echo_route: bool = Field(
         False,
         description="Tests only: serve a WebSocket echo route at /test/echo with /ws's "

@@ -93,12 +93,23 @@ def _jpeg_header(data: bytes) -> ImageHeader:
     raise ClientError("bad_image", "JPEG is truncated before its frame header")
 
 
+def _megapixels(pixels: int) -> str:
+    return f"{pixels / 1e6:.1f} MP" if pixels >= 100_000 else f"{pixels:,} pixels"
+
+
+def _mebibytes(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes:,} bytes"
+
+
 def check_pixel_limit(header: ImageHeader, max_pixels: int) -> None:
+    """Refuse, from the header, an image of more than ``max_pixels`` (``server.max_pixels``);
+    the message says what the client can do about it."""
     if header.pixels > max_pixels:
         raise ClientError(
             "image_too_large",
-            f"image is {header.width}x{header.height} = {header.pixels} pixels; "
-            f"this server accepts at most {max_pixels}",
+            f"image is {header.width}x{header.height} ({_megapixels(header.pixels)}); this "
+            f"server takes at most {_megapixels(max_pixels)} (server.max_pixels): scale the "
+            "frame down",
         )
 
 
@@ -113,14 +124,25 @@ def check_decoded_limit(
     header: ImageHeader, min_size: tuple[int, int] | None, max_bytes: int
 ) -> int:
     """Refuse, before decoding, an image whose pixels would take more than ``max_bytes``
-    (a 116 KB PNG of 6,320 x 6,320 zeros passes the pixel limit but decodes to 120 MB).
-    Returns the decoded size."""
+    (``server.max_decoded_bytes``; by default every image within ``server.max_pixels``
+    fits, config/serve.py says when it is less). Returns the decoded size.
+
+    A PNG decodes whole (3 bytes a pixel); a JPEG may be scaled down in the DCT, so the
+    message offers JPEG where that is on (``min_size`` given)."""
     nbytes = decoded_bytes(header, min_size)
     if nbytes > max_bytes:
+        kind = header.format.upper()
+        largest = f", so a {kind} of at most {_megapixels(max_bytes // 3)}"
+        if header.format == "jpeg" and min_size is not None:
+            largest = ""  # how far it scales depends on the frame's shape, not a pixel count
+        todo = "scale the frame down"
+        if header.format == "png" and min_size is not None:
+            todo += ", or send it as JPEG (decoded scaled down)"
         raise ClientError(
             "decoded_too_large",
-            f"{header.format.upper()} {header.width}x{header.height} would decode to "
-            f"{nbytes} bytes; this server decodes at most {max_bytes} per frame",
+            f"{kind} {header.width}x{header.height} ({_megapixels(header.pixels)}) would "
+            f"decode to {_mebibytes(nbytes)}; this server decodes at most "
+            f"{_mebibytes(max_bytes)} a frame (server.max_decoded_bytes){largest}: {todo}",
         )
     return nbytes
 

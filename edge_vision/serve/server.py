@@ -289,8 +289,13 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
     # The same settings as the test-only echo route Autobahn checks (websocket.py).
     ws = websocket_response(cfg.server, WS_PROTOCOLS)
     if not ws.can_prepare(request).ok:
-        # A plain GET that passed every check (the page asking why its socket failed).
-        raise web.HTTPUpgradeRequired(text="no refusal: every check passed; upgrade failed\n")
+        # A plain GET that passed every check: a browser's address bar, curl, or the page
+        # asking why its socket failed (it reads the 426 as "nothing refuses you now").
+        raise web.HTTPUpgradeRequired(
+            text="/ws needs a WebSocket upgrade: connect with a WebSocket client "
+            "(edge_vision.client, or the overlay page at /), not a plain HTTP request. "
+            "Nothing refuses you now: the upgrade would be accepted\n"
+        )
     session: Session | None = None
     resumed = False
     # Since protocol 2 a subprotocol entry (out of URLs and access logs); ?resume= is

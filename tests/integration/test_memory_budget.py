@@ -165,7 +165,9 @@ def test_png_bomb_is_refused_from_its_header_before_decoding() -> None:
 async def test_png_bomb_is_answered_decoded_too_large_and_the_next_frame_served(
     server_factory: Any,
 ) -> None:
-    srv = await server_factory()
+    """An operator who lowers server.max_decoded_bytes (by default it follows the pixel
+    limit) has the bomb refused from its header, not decoded."""
+    srv = await server_factory({"server": {"max_decoded_bytes": 64 * MiB}})
     good = jpeg(text_scene(640, 360).rgb)
     async with aiohttp.ClientSession() as http:
         ws, _ = await connect(http, srv.ws_url + "?mode=every")
