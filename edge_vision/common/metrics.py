@@ -117,6 +117,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.connections_reset = Counter(
+            p + "connections_reset",
+            "Closed connections reset because the client did not take what was still being "
+            "sent within server.close_timeout_s",
+            registry=r,
+        )
         self.connections_refused = Counter(
             p + "connections_refused",
             "WebSocket handshakes refused with 503 by a connection limit (docs/security.md)",

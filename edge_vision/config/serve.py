@@ -101,8 +101,17 @@ class ServerConfig(_Section):
         None, description="Bearer token required by /api/*; none means the admin API is open."
     )
     web_root: Path | None = Field(
-        None, description="Folder served at / instead of the overlay page that ships in the "
-        "package (edge_vision/web/): set it to serve a page of your own."
+        None,
+        description="Folder served at / instead of the overlay page that ships in the "
+        "package (edge_vision/web/): set it to serve a page of your own.",
+    )
+    close_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Once the server closed a connection, how long the client has to take "
+        "what was still being sent to it (a close frame, replies it never read) before the "
+        "connection is reset and those bytes dropped, so a client that never reads costs "
+        "nothing after send_timeout_s plus this. A client that reads gets a clean close.",
     )
     close_linger_s: float = Field(
         2.0,
@@ -239,6 +248,21 @@ class LimitsConfig(_Section):
         default_factory=list,
         description="Peers (addresses or CIDRs, e.g. 127.0.0.1 or 10.0.0.0/8) whose "
         "X-Forwarded-For names the client; from any other peer the header is ignored.",
+    )
+    slow_client_strikes: int = Field(
+        3,
+        ge=1,
+        description="Connections from one client address closed for not reading their "
+        "results (4002, or reset after server.close_timeout_s) within "
+        "slow_client_penalty_s, after which that address is refused new WebSockets (503) "
+        "for slow_client_penalty_s.",
+    )
+    slow_client_penalty_s: float = Field(
+        60.0,
+        ge=0,
+        description="How long an address that reached slow_client_strikes is refused, and "
+        "the window its strikes are counted in; 0 turns the penalty off (benches and "
+        "tests whose clients all share 127.0.0.1 may).",
     )
     handshake_timeout_s: float = Field(
         10.0,

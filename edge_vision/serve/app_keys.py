@@ -18,7 +18,7 @@ from ..frames.pipeline import FramePipeline
 from ..state import StateKeeper
 from . import auth
 from .connection import Connection, ConnectionContext
-from .limits import ConnectionLimits, IPNetwork
+from .limits import ConnectionLimits, IPNetwork, PenaltyBox
 
 
 def _always_warm() -> bool:
@@ -55,3 +55,7 @@ FEATURES = web.AppKey("features", list[str])
 AUTH = web.AppKey("auth", auth.Authenticator)
 LIMITS = web.AppKey("limits", ConnectionLimits)
 TRUSTED_PROXIES = web.AppKey("trusted_proxies", list[IPNetwork])
+#: Addresses refused for a while: their connections kept not reading (limits.py).
+PENALTIES = web.AppKey("penalties", PenaltyBox)
+#: Per request: the client address the limits count (limits.client_address).
+ADDRESS = web.RequestKey("address", str)

@@ -142,6 +142,12 @@ class Connection:
             try:
                 await within(self.ws.send_str(text), self.ctx.config.server.send_timeout_s)
             except TimeoutError:
+                log.info(
+                    "session %s did not read its results for server.send_timeout_s (%g s); "
+                    "closing with 4002",
+                    self.session.id,
+                    self.ctx.config.server.send_timeout_s,
+                )
                 await self.close(
                     CloseCode.SLOW_CLIENT, "client is not reading results", "slow_client"
                 )

@@ -20,14 +20,22 @@ workers evenly by their client counts (``server.worker_balance``, edge_vision/se
 or by the kernel's hash of the address pair (``reuse-port``), so one address may be
 refused a little before the node limit when its connections land unevenly
 (docs/security.md, "Limits with several workers").
+
+An address whose connections keep having to be closed for not reading their results
+(``limits.slow_client_strikes`` of them within ``limits.slow_client_penalty_s``) is
+refused for that long (:class:`PenaltyBox`): each such client holds its slot, its unsent
+replies and a kernel send queue until ``server.send_timeout_s`` and
+``server.close_timeout_s`` have passed, and a script that reconnects at once would hold
+them again.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import math
-from collections import Counter
-from collections.abc import Iterable
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -168,3 +176,61 @@ class ConnectionLimits:
             self.by_token[slot.token] -= 1
             if self.by_token[slot.token] <= 0:
                 del self.by_token[slot.token]
+
+
+class PenaltyBox:
+    """Addresses refused for a while because their connections had to be closed for not
+    reading (see the module docstring). ``penalty_s`` 0 turns it off."""
+
+    #: Addresses remembered at most; the oldest strikes are forgotten first.
+    MAX_ADDRESSES = 4096
+
+    def __init__(
+        self, strikes: int, penalty_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.strikes = strikes
+        self.penalty_s = penalty_s
+        self._clock = clock
+        self._strikes: dict[str, deque[float]] = {}
+        self._until: dict[str, float] = {}
+
+    def strike(self, address: str) -> bool:
+        """One connection of ``address`` was closed for not reading. True when this strike
+        starts its penalty (say so once)."""
+        if self.penalty_s <= 0:
+            return False
+        now = self._clock()
+        seen = self._strikes.pop(address, None) or deque()
+        while seen and seen[0] <= now - self.penalty_s:
+            seen.popleft()
+        seen.append(now)
+        self._strikes[address] = seen  # most recent last: the oldest goes first
+        if len(self._strikes) > self.MAX_ADDRESSES:
+            del self._strikes[next(iter(self._strikes))]
+        if len(seen) < self.strikes or self.refused_for(address) > 0:
+            return False
+        self._until[address] = now + self.penalty_s
+        seen.clear()
+        if len(self._until) > self.MAX_ADDRESSES:
+            self._until = {a: t for a, t in self._until.items() if t > now}
+        return True
+
+    def refused_for(self, address: str) -> float:
+        """Seconds ``address`` is still refused; 0 when it may connect."""
+        until = self._until.get(address)
+        if until is None:
+            return 0.0
+        left = until - self._clock()
+        if left <= 0:
+            del self._until[address]
+            return 0.0
+        return left
+
+    def message(self, left: float) -> str:
+        """The refusal's one line: what happened, the settings, what to do."""
+        return (
+            f"connection refused for {math.ceil(left)} s: {self.strikes} connections from "
+            f"this address were closed for not reading their results within "
+            f"{self.penalty_s:g} s (limits.slow_client_strikes, limits.slow_client_penalty_s); "
+            "read results as they come"
+        )

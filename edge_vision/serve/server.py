@@ -18,6 +18,7 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -45,6 +46,7 @@ from ..session.versions import BASE_FEATURES, SUBPROTOCOL, choose_protocol, refu
 from ..state import StateKeeper, create_store
 from . import auth
 from .app_keys import (
+    ADDRESS,
     AUTH,
     CONFIG,
     CONNECTION_CTX,
@@ -53,6 +55,7 @@ from .app_keys import (
     KEEPER,
     LIMITS,
     METRICS,
+    PENALTIES,
     PIPELINE,
     SERVICE,
     STARTUP,
@@ -65,9 +68,11 @@ from .limits import (
     ConnectionLimits,
     LimitExceeded,
     LimitsPolicy,
+    PenaltyBox,
     client_address,
     parse_networks,
 )
+from .offences import Offences
 from .websocket import ECHO_PATH, echo_handler, websocket_response
 
 log = logging.getLogger(__name__)
@@ -236,6 +241,14 @@ async def ws_entry(request: web.Request) -> web.StreamResponse:
     address = client_address(
         request.remote or "", request.headers.get("X-Forwarded-For", ""), app[TRUSTED_PROXIES]
     )
+    request[ADDRESS] = address
+    penalty = app[PENALTIES].refused_for(address)
+    if penalty > 0:  # its connections kept not reading their results (limits.PenaltyBox)
+        app[METRICS].connections_refused.labels("slow_client").inc()
+        raise web.HTTPServiceUnavailable(
+            text=app[PENALTIES].message(penalty) + "\n",
+            headers={"Retry-After": str(math.ceil(penalty))},
+        )
     slot = app[LIMITS].acquire(address, principal.limit_key if cfg.auth.enabled else None)
     if isinstance(slot, LimitExceeded):
         app[METRICS].connections_refused.labels(slot.limit).inc()
@@ -287,7 +300,8 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
     if mode_q is not None and not is_mode(mode_q):
         raise web.HTTPBadRequest(text="mode must be 'latest' or 'every'\n")
     # The same settings as the test-only echo route Autobahn checks (websocket.py).
-    ws = websocket_response(cfg.server, WS_PROTOCOLS)
+    offences = Offences(request)
+    ws = websocket_response(cfg.server, WS_PROTOCOLS, on_abort=offences.reset)
     if not ws.can_prepare(request).ok:
         # A plain GET that passed every check: a browser's address bar, curl, or the page
         # asking why its socket failed (it reads the 426 as "nothing refuses you now").
@@ -383,6 +397,9 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
             keeper.close_session(session, ended=ended)
         if not ws.closed:
             await ws.close()
+        if conn.closed_by_server == "slow_client":
+            offences.strike()
+        await ws.settle()  # the client took the close, or was reset (server.close_timeout_s)
     return ws
 
 
@@ -531,6 +548,9 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
         ).for_workers(config.server.workers)
     )
     app[TRUSTED_PROXIES] = parse_networks(config.limits.trusted_proxies)
+    app[PENALTIES] = PenaltyBox(
+        config.limits.slow_client_strikes, config.limits.slow_client_penalty_s
+    )
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_on_shutdown)
     app.router.add_get("/ws", ws_entry)

@@ -20,12 +20,23 @@ What aiohttp leaves to us, and this module does:
   (``autoclose`` is off so that the answer is ours, not aiohttp's 1000).
 * **1007 for invalid UTF-8** (section 8.1): ``decode_text`` is off (frames are parsed as
   bytes, without a str copy), so text is validated here (:func:`is_valid_utf8`).
+* **A close that ends.** aiohttp closes the TCP socket with ``transport.close()``, which
+  waits for asyncio's buffer to reach the kernel: for a client that never reads, forever,
+  with the socket established and its send queue full. :class:`ServerWebSocket` closes
+  at once only when the peer has taken every byte (asyncio's buffer and the kernel's
+  send queue, Linux ``SIOCOUTQ``, are empty); otherwise it stops reading and waits up to
+  ``server.close_timeout_s`` for the peer to take them, then resets the connection
+  (``SO_LINGER`` 0: the kernel drops its queue) and reports it (``on_abort``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import socket
+import struct
+import termios
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -45,6 +56,7 @@ ECHO_PATH = "/test/echo"
 # 4000-4999 are private use, section 7.4.2). 1004-1006 and 1015 must never be sent.
 _SENDABLE = frozenset((*range(1000, 1004), *range(1007, 1015), *range(3000, 5000)))
 _LINGER_POLL_S = 0.05
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets, the queue is dropped
 
 
 def reply_close_code(peer_code: int | None) -> int:
@@ -66,12 +78,57 @@ def is_valid_utf8(data: bytes | str) -> bool:
     return True
 
 
-class ServerWebSocket(web.WebSocketResponse):
-    """aiohttp's WebSocketResponse, lingering after a 1009 (see the module docstring)."""
+def unsent_bytes(transport: asyncio.BaseTransport) -> int:
+    """Bytes written to ``transport`` that its peer has not taken yet: asyncio's buffer,
+    plus, on Linux, the kernel's send queue (SIOCOUTQ: sent but not acknowledged, or not
+    sent yet). 0 once the socket is closed."""
+    pending = 0
+    if isinstance(transport, asyncio.WriteTransport):
+        pending = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    try:
+        fd = sock.fileno() if sock is not None else -1
+        if fd >= 0:
+            queued = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
+            pending += struct.unpack("i", queued)[0]
+    except OSError:  # closed meanwhile, or not a TCP socket
+        pass
+    return pending
 
-    def __init__(self, *, linger_s: float, **kwargs: Any) -> None:
+
+def reset(transport: asyncio.BaseTransport) -> None:
+    """Close ``transport`` with a TCP reset: neither asyncio's buffer nor the kernel's
+    send queue is kept for a peer that does not read (RFC 793 abort)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        if sock is not None and sock.fileno() >= 0:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+    except OSError:
+        pass
+    if isinstance(transport, asyncio.WriteTransport):
+        transport.abort()
+    else:
+        transport.close()
+
+
+class ServerWebSocket(web.WebSocketResponse):
+    """aiohttp's WebSocketResponse, lingering after a 1009 and resetting a close the peer
+    does not take (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        linger_s: float,
+        close_timeout_s: float = 5.0,
+        on_abort: Callable[[int], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self._linger_s = linger_s
+        self._close_timeout_s = close_timeout_s
+        self.on_abort = on_abort  # called with the bytes dropped when a close is reset
+        self._closing_transport: asyncio.BaseTransport | None = None
+        self._settled: asyncio.Future[None] | None = None
         self._request: web.BaseRequest | None = None
         self._first_close_code: int | None = None
         self._linger_until: float | None = None
@@ -106,13 +163,11 @@ class ServerWebSocket(web.WebSocketResponse):
         # aiohttp's one place that closes the TCP socket (web_ws.py); after our 1009 it is
         # deferred so the client's remaining bytes are read and dropped, not reset.
         transport = self._request.transport if self._request is not None else None
-        if (
-            transport is None
-            or transport.is_closing()
-            or self._linger_s <= 0
-            or self._first_close_code != CloseCode.MESSAGE_TOO_BIG
-        ):
+        if transport is None or transport.is_closing():
             super()._close_transport()
+            return
+        if self._linger_s <= 0 or self._first_close_code != CloseCode.MESSAGE_TOO_BIG:
+            self._close_when_taken(transport)
             return
         if self._linger_timer is None:
             loop = asyncio.get_running_loop()
@@ -121,6 +176,47 @@ class ServerWebSocket(web.WebSocketResponse):
             self._linger_timer = loop.call_later(self._linger_s, transport.close)
             if isinstance(transport, asyncio.ReadTransport):
                 transport.resume_reading()  # discarding needs reading
+
+    def _close_when_taken(self, transport: asyncio.BaseTransport) -> None:
+        """Close now if the peer took every byte; else once it has, or reset it after
+        ``close_timeout_s`` (the module docstring)."""
+        if unsent_bytes(transport) == 0:
+            transport.close()
+            return
+        if self._closing_transport is not None:
+            return  # already waiting for this peer
+        loop = asyncio.get_running_loop()
+        self._closing_transport = transport
+        self._settled = loop.create_future()
+        if isinstance(transport, asyncio.ReadTransport) and transport.is_reading():
+            transport.pause_reading()  # nothing it sends now is read; it only costs memory
+        self._watch_close(loop, transport, loop.time() + self._close_timeout_s)
+
+    def _watch_close(
+        self, loop: asyncio.AbstractEventLoop, transport: asyncio.BaseTransport, deadline: float
+    ) -> None:
+        left = unsent_bytes(transport)
+        if left == 0:
+            transport.close()  # taken (or gone): the ordinary close, FIN after the data
+        elif loop.time() >= deadline:
+            reset(transport)
+            log.debug("reset a connection whose peer did not take %d bytes", left)
+            if self.on_abort is not None:
+                self.on_abort(left)
+        else:
+            loop.call_later(_LINGER_POLL_S, self._watch_close, loop, transport, deadline)
+            return
+        if self._settled is not None and not self._settled.done():
+            self._settled.set_result(None)
+
+    async def settle(self) -> None:
+        """Return once a close this socket started is over: the peer took what was sent
+        and the socket closed, or it was reset after ``close_timeout_s``. The handler
+        waits here, so that aiohttp does not close the socket with bytes still queued
+        (the kernel would then keep them, and the connection, for minutes)."""
+        await self.linger()
+        if self._settled is not None:
+            await asyncio.shield(self._settled)
 
     @property
     def lingering(self) -> bool:
@@ -145,12 +241,19 @@ class ServerWebSocket(web.WebSocketResponse):
             transport.close()
 
 
-def websocket_response(server: ServerConfig, protocols: Iterable[str] = ()) -> ServerWebSocket:
+def websocket_response(
+    server: ServerConfig,
+    protocols: Iterable[str] = (),
+    on_abort: Callable[[int], None] | None = None,
+) -> ServerWebSocket:
     """The WebSocket every route of this server speaks (``/ws`` and the echo route);
-    ``protocols``: the subprotocols it may echo back."""
+    ``protocols``: the subprotocols it may echo back; ``on_abort``: sees each close that
+    had to be reset (the bytes the peer never took)."""
     return ServerWebSocket(
         protocols=tuple(protocols),
         linger_s=server.close_linger_s,
+        close_timeout_s=server.close_timeout_s,
+        on_abort=on_abort,
         # aiohttp refuses a message of max_msg_size bytes; ours is the largest accepted.
         max_msg_size=server.max_message_bytes + 1,
         compress=False,  # JPEG does not deflate; results are small
@@ -187,8 +290,8 @@ def echo_handler(server: ServerConfig, protocols: Iterable[str] = ()) -> Handler
                 await ws.close(code=reply_close_code(msg.data))
                 break
             else:  # ERROR (aiohttp already sent its close code), CLOSING, CLOSED
-                await ws.linger()
                 break
+        await ws.settle()
         log.debug(
             "echo connection closed with %s after %.1f s", ws.close_code, time.monotonic() - started
         )

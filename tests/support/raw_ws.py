@@ -13,6 +13,7 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -79,7 +80,10 @@ class RawSocket:
     def close_with_reset(self) -> None:
         """The client's side ends with a TCP reset (SO_LINGER 0): a crashed process, a
         phone that lost its network."""
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:  # already closed (by the server's reset, say)
+            pass
         self.writer.transport.abort()
 
 
@@ -114,3 +118,22 @@ async def handshake(
             k, v = line.split(":", 1)
             got[k.strip().lower()] = v.strip()
     return RawSocket(reader, writer, status, got)
+
+
+# /proc/net/tcp's states (include/net/tcp_states.h)
+TCP_STATES = {1: "ESTABLISHED", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT", 7: "CLOSE"}
+
+
+def server_sockets(port: int) -> list[tuple[str, int]]:
+    """Every IPv4 TCP socket whose local port is ``port`` except the listener, as the
+    kernel lists them (/proc/net/tcp): (state, bytes in its send queue)."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port = int(fields[1].split(":")[1], 16)
+        state = int(fields[3], 16)
+        if local_port != port or state == 10:  # 10: LISTEN
+            continue
+        tx_queue = int(fields[4].split(":")[0], 16)
+        found.append((TCP_STATES.get(state, str(state)), tx_queue))
+    return found
