@@ -335,6 +335,7 @@ class FramePipeline:
                 frame.received_at,
                 lambda: self.full_frame(frame),
                 wait=supersede_key is None,  # latest mode carries, never queues (read.py)
+                size=(lb.src_w, lb.src_h),
             )
             read_done = time.perf_counter()
             timing["read_ms"] = (read_done - done) * 1000.0

@@ -31,9 +31,13 @@ written here from that description:
    an empty string).
 
 Per session (:class:`SessionReading`) a label read once is not read again every frame:
-its result is carried on a track (:class:`edge_vision.frames.track.Tracker`: the same label,
-moved, keeps its track) and read again only when its box's size changes by more than
-``read.reread_size_change`` (the label turned, came closer, or the text changed length).
+its result is carried on its track and read again only when its box's size changes by
+more than ``read.reread_size_change`` (the label turned, came closer, or the text changed
+length). The track is the session's own (:class:`edge_vision.frames.track.Tracker`, one
+per session, the ids results carry): a frame's boxes are matched to the live tracks
+(:meth:`~edge_vision.frames.track.Tracker.match`) when they are read, and what was read for
+a box that starts a new track is kept on it once the reply, in frame order, has given it
+its id (:meth:`SessionReading.settle`).
 At most ``read.max_boxes`` boxes are read per frame (best score first); the others come
 back unread (``text: null``) and are read by the next frames.
 
@@ -64,7 +68,7 @@ from ..common.threads import role_pool
 from ..config import Config
 from ..engines.recognisers import Recogniser, load_recogniser
 from ..errors import ClientError, EngineError, ModelError
-from .track import Tracker, TrackerSettings
+from .track import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -277,24 +281,35 @@ class ReadPlan:
 
     texts: list[ReadText | None]  # one per detection; None: not known (yet)
     to_read: list[int]  # detections to read now, best score first
-    tracks: list[int] = field(default_factory=list)  # the reader's track per detection
+    # The live track each detection joins (Tracker.match); 0: it starts a new one.
+    tracks: list[int] = field(default_factory=list)
+
+
+#: Which of a frame's detections (``(N, 6)``, frame pixels) of a ``width`` × ``height``
+#: frame may be read: one flag a detection.
+ReadFilter = Callable[[npt.NDArray[np.floating], int, int], list[bool]]
 
 
 class SessionReading:
     """One session's reading state: what each track's label said, and the read slot.
+
+    ``tracker`` is the session's tracker, which the caller updates in frame order and
+    then tells :meth:`settle`. ``select``, when set, limits reading to the detections it
+    flags (a session that reads only for its rules' ``text``, edge_vision.events).
 
     Used from the event loop only (plan and store are cheap numpy work); the read itself
     runs in a worker thread between :meth:`begin` and :meth:`end`."""
 
     def __init__(
         self,
+        tracker: Tracker,
         max_boxes: int = 16,
         reread_size_change: float = 0.15,
-        tracker: TrackerSettings | None = None,
     ) -> None:
         self.max_boxes = max_boxes
         self.reread_size_change = reread_size_change
-        self.tracker = Tracker(tracker)
+        self.tracker = tracker
+        self.select: ReadFilter | None = None
         self._known: dict[int, _Known] = {}
         self._busy = False
         self._idle = asyncio.Event()
@@ -317,21 +332,22 @@ class SessionReading:
         self._busy = False
         self._idle.set()
 
-    def plan(self, detections: npt.NDArray[np.floating], now: float) -> ReadPlan:
-        """Associate ``detections`` (``(N, >=5)``, frame pixels) with this session's
-        tracks and say which to read: those whose track has no text yet or whose box's
-        width or height changed by more than ``reread_size_change`` since it was read."""
+    def plan(
+        self, detections: npt.NDArray[np.floating], now: float, width: int = 0, height: int = 0
+    ) -> ReadPlan:
+        """Match ``detections`` (``(N, >=5)``, frame pixels, of a ``width`` × ``height``
+        frame) with the session's live tracks and say which to read: those whose track
+        has no text yet or whose box's width or height changed by more than
+        ``reread_size_change`` since it was read (of those :attr:`select` flags, when set)."""
         dets = np.asarray(detections, dtype=np.float64).reshape(-1, 6)
-        ids = self.tracker.update(dets, now).tolist()
-        live = set(self.tracker.track_ids)
-        for gone in [k for k in self._known if k not in live]:
-            del self._known[gone]
+        ids = self.tracker.match(dets, now)
+        wanted = self.select(dets, width, height) if self.select is not None else None
         texts: list[ReadText | None] = []
         stale: list[int] = []
         tol = self.reread_size_change
         for i, (det, track) in enumerate(zip(dets, ids, strict=True)):
             w, h = float(det[2] - det[0]), float(det[3] - det[1])
-            known = self._known.get(track)
+            known = self._known.get(track) if track else None
             if known is not None:
                 texts.append(known.text)
                 if abs(w - known.width) > tol * known.width or (
@@ -341,6 +357,8 @@ class SessionReading:
             else:
                 texts.append(None)
                 stale.append(i)
+        if wanted is not None:
+            stale = [i for i in stale if wanted[i]]
         # Unknown boxes first, then changed ones; best score first within each.
         stale.sort(key=lambda i: (texts[i] is not None, -float(dets[i, 4])))
         return ReadPlan(texts, stale[: self.max_boxes], ids)
@@ -348,12 +366,33 @@ class SessionReading:
     def store(
         self, plan: ReadPlan, detections: npt.NDArray[np.floating], read: Sequence[ReadText]
     ) -> None:
-        """Record what was read for ``plan.to_read`` (in that order) on their tracks."""
+        """Record what was read for ``plan.to_read`` (in that order): on the plan's texts,
+        and on the tracks the boxes joined (a box that starts a track: :meth:`settle`)."""
         dets = np.asarray(detections, dtype=np.float64).reshape(-1, 6)
         for i, text in zip(plan.to_read, read, strict=True):
             plan.texts[i] = text
-            w, h = float(dets[i, 2] - dets[i, 0]), float(dets[i, 3] - dets[i, 1])
-            self._known[plan.tracks[i]] = _Known(w, h, text)
+            if plan.tracks[i]:
+                w, h = float(dets[i, 2] - dets[i, 0]), float(dets[i, 3] - dets[i, 1])
+                self._known[plan.tracks[i]] = _Known(w, h, text)
+
+    def settle(
+        self,
+        track_ids: Sequence[int],
+        detections: npt.NDArray[np.floating],
+        texts: Sequence[ReadText | None],
+    ) -> None:
+        """After the tracker's update for a frame (in frame order) gave its detections
+        ``track_ids``: keep what was read for a track that knew nothing yet (a box that
+        started it), and forget the tracks the tracker forgot."""
+        dets = np.asarray(detections, dtype=np.float64).reshape(-1, 6)
+        for i, (track, text) in enumerate(zip(track_ids, texts, strict=True)):
+            if text is not None and track not in self._known:
+                w, h = float(dets[i, 2] - dets[i, 0]), float(dets[i, 3] - dets[i, 1])
+                self._known[track] = _Known(w, h, text)
+        if len(self._known) > len(track_ids):
+            live = set(self.tracker.track_ids)
+            for gone in [k for k in self._known if k not in live]:
+                del self._known[gone]
 
 
 # -- the pipeline's read stage ---------------------------------------------------------------
@@ -421,10 +460,11 @@ class ReadStage:
         reader.warm_up()
         return reader
 
-    def session(self) -> SessionReading:
-        """Fresh per-session state with this server's limits."""
+    def session(self, tracker: Tracker) -> SessionReading:
+        """Fresh per-session reading state with this server's limits, on the session's
+        ``tracker``."""
         r = self.config.read
-        return SessionReading(r.max_boxes, r.reread_size_change)
+        return SessionReading(tracker, r.max_boxes, r.reread_size_change)
 
     async def read(
         self,
@@ -435,18 +475,20 @@ class ReadStage:
         load_image: ImageLoader,
         *,
         wait: bool,
+        size: tuple[int, int] = (0, 0),
     ) -> list[ReadText | None]:
         """Texts for ``detections`` (None: not read yet); ``quads``: their rotated
         rectangles (``(N, 4, 2)``), None to read the axis-aligned boxes. ``wait``: wait for this
         session's read in progress (``every`` mode) instead of carrying only what the
-        tracks know (``latest``). A session resumed with reading on, on a node where it
-        is off, gets nothing read."""
+        tracks know (``latest``); ``size``: the frame's width and height (for
+        ``reading.select``). A session resumed with reading on, on a node where it is
+        off, gets nothing read."""
         if not self.enabled:
             return [None] * len(detections)
         reader = await self.reader()
         if wait:
             await reading.wait_idle()
-        plan = reading.plan(detections, now)
+        plan = reading.plan(detections, now, *size)
         if not plan.to_read:
             return plan.texts
         if reading.busy:  # an older frame is being read: this one carries what is known

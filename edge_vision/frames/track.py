@@ -22,7 +22,18 @@ Associating Every Detection Box", ECCV 2022), with IoU as the only affinity:
    Time alone never ends a track: on a slow stream (a loaded CPU answering under 1 frame/s)
    a label seen in every frame keeps its id however far apart the frames are.
 
-Ids count up from 1 per tracker and are never reused within a session.
+Ids count up from 1 per session and are never reused within it: the tracker belongs to
+the session (:class:`edge_vision.session.record.Session`), and its state
+(:meth:`Tracker.to_state`) is written into the session record, so a session resumed on
+this node or another continues its ids and keeps the tracks it had
+(docs/state.md, "Session record").
+
+Besides :meth:`Tracker.update`, which every answered frame goes through in frame order,
+:meth:`Tracker.match` says which live track each detection would join without changing
+anything (the read stage asks it while older frames are still on their way to the reply),
+the tracks the tracker forgot are handed out by :meth:`Tracker.take_ended` (for ``leave``
+events, edge_vision.events), and :meth:`Tracker.expire` forgets, on a timer, the tracks of
+a stream that went quiet.
 
 Cost: a frame of a live camera holds a few boxes, and the update runs on the event loop
 for every answered frame (connection.py, in reply order, which keeps one session's updates
@@ -38,6 +49,7 @@ docs/benchmarks.md, "fewer numpy calls a frame, and 4× in one run").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -181,6 +193,13 @@ class _Track:
     misses: int = 0  # updates since last seen
 
 
+#: Version of :meth:`Tracker.to_state`'s layout; a state of another version starts afresh.
+STATE_VERSION = 1
+#: Weight of the newest gap between frames in the frame interval :meth:`Tracker.expire`
+#: uses.
+_GAP_GAIN = 0.2
+
+
 class Tracker:
     """ByteTrack-style two-stage IoU association with a constant-velocity motion estimate.
 
@@ -191,30 +210,38 @@ class Tracker:
         self._tracks: list[_Track] = []
         self._next_id = 1
         self._last_t: float | None = None
+        self._gap: float | None = None  # smoothed seconds between updates
+        self._since = float("-inf")  # restored at: the timer counts from here (expire)
+        # Forgotten tracks are noted for take_ended() only for a caller that takes them.
+        self.reports_ended = False
+        self._ended: list[int] = []
 
     @property
     def track_ids(self) -> list[int]:
         """The ids of the tracks alive now (seen, or kept through a short miss)."""
         return [t.id for t in self._tracks]
 
-    def update(self, detections: npt.NDArray[np.floating], now: float) -> IntArray:
-        """Track ids for ``detections`` (``(N, >=5)``: box then score) seen at ``now`` (s).
+    @property
+    def next_id(self) -> int:
+        """The id the next new track gets."""
+        return self._next_id
 
-        A frame older than the last one seen (``now`` earlier) is taken as seen at the
-        last time: time never runs backwards for the motion estimate."""
+    def take_ended(self) -> list[int]:
+        """The ids of the tracks forgotten since the last call (by :meth:`update`,
+        :meth:`expire` or :meth:`end_all`), oldest first; noted only while
+        :attr:`reports_ended` is set."""
+        ended, self._ended = self._ended, []
+        return ended
+
+    def _live(self, now: float) -> list[_Track]:
+        keep_frames, keep_s = self.settings.keep_frames, self.settings.keep_s
+        return [t for t in self._tracks if t.misses < keep_frames or now - t.seen <= keep_s]
+
+    def _pairs(
+        self, dets: F64Array, tracks: list[_Track], now: float
+    ) -> tuple[list[list[float]], list[tuple[int, int]]]:
+        """The detections' boxes and the (detection, track) pairs the association makes."""
         cfg = self.settings
-        if self._last_t is not None and now < self._last_t:
-            now = self._last_t
-        self._last_t = now
-        keep_frames, keep_s = cfg.keep_frames, cfg.keep_s
-        tracks = [t for t in self._tracks if t.misses < keep_frames or now - t.seen <= keep_s]
-        for t in tracks:
-            t.misses += 1  # set back to 0 below for the tracks this frame matches
-        self._tracks = tracks
-        dets = np.asarray(detections, dtype=np.float64)
-        if dets.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        dets = dets.reshape(len(dets), -1)
         rows = dets[:, :5].tolist()
         boxes = [r[:4] for r in rows]
         high = [r[4] >= cfg.high_score for r in rows]
@@ -231,9 +258,51 @@ class Tracker:
         else:
             ii, jj, iou = overlapping_pairs(dets[:, :4], np.array(predicted), cfg.match_iou)
             pairs = list(zip(ii.tolist(), jj.tolist(), iou.tolist(), strict=True))
+        return boxes, greedy_pairs(pairs, [high, [not h for h in high]])
+
+    def match(self, detections: npt.NDArray[np.floating], now: float) -> list[int]:
+        """The live track each detection would join if :meth:`update` saw it at ``now``,
+        0 for one that would start a new track. Changes nothing."""
+        dets = np.asarray(detections, dtype=np.float64)
+        if dets.size == 0:
+            return []
+        dets = dets.reshape(len(dets), -1)
+        if self._last_t is not None and now < self._last_t:
+            now = self._last_t
+        tracks = self._live(now)
+        ids = [0] * len(dets)
+        if tracks:
+            for i, j in self._pairs(dets, tracks, now)[1]:
+                ids[i] = tracks[j].id
+        return ids
+
+    def update(self, detections: npt.NDArray[np.floating], now: float) -> IntArray:
+        """Track ids for ``detections`` (``(N, >=5)``: box then score) seen at ``now`` (s).
+
+        A frame older than the last one seen (``now`` earlier) is taken as seen at the
+        last time: time never runs backwards for the motion estimate."""
+        cfg = self.settings
+        if self._last_t is not None:
+            if now < self._last_t:
+                now = self._last_t
+            gap = now - self._last_t
+            self._gap = gap if self._gap is None else self._gap + _GAP_GAIN * (gap - self._gap)
+        self._last_t = now
+        tracks = self._live(now)
+        if self.reports_ended and len(tracks) != len(self._tracks):
+            kept = {id(t) for t in tracks}
+            self._ended += [t.id for t in self._tracks if id(t) not in kept]
+        for t in tracks:
+            t.misses += 1  # set back to 0 below for the tracks this frame matches
+        self._tracks = tracks
+        dets = np.asarray(detections, dtype=np.float64)
+        if dets.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        dets = dets.reshape(len(dets), -1)
+        boxes, matched = self._pairs(dets, tracks, now)
         ids = [0] * len(boxes)
         gain_later = cfg.velocity_gain
-        for i, j in greedy_pairs(pairs, [high, [not h for h in high]]):
+        for i, j in matched:
             # Track j was seen at box i now: its velocity, box, time and counts.
             t = tracks[j]
             ids[i] = t.id
@@ -260,3 +329,98 @@ class Tracker:
                 tracks.append(_Track(self._next_id, boxes[i], now))
                 self._next_id += 1
         return np.array(ids, dtype=np.int64)
+
+    # -- quiet streams and resumed sessions ------------------------------------------
+
+    def expire_after(self) -> float:
+        """Seconds after a track was last seen that :meth:`expire` forgets it: the keep
+        time, or as many frame intervals as the tracker keeps a missed track (and one
+        more), whichever is longer, so a slow stream's tracks are never forgotten between
+        two of its frames."""
+        cfg = self.settings
+        return max(cfg.keep_s, (cfg.keep_frames + 1) * (self._gap or 0.0))
+
+    def expire(self, now: float) -> list[int]:
+        """Forget the tracks not seen for :meth:`expire_after` seconds at ``now`` (the
+        stream went quiet: no frame came to miss them), counted from no earlier than the
+        moment the tracker was restored. Returns their ids (also for
+        :meth:`take_ended`)."""
+        limit = self.expire_after()
+        since = self._since
+        gone = [t for t in self._tracks if now - max(t.seen, since) > limit]
+        if gone:
+            ids = {t.id for t in gone}
+            self._tracks = [t for t in self._tracks if t.id not in ids]
+            if self.reports_ended:
+                self._ended += [t.id for t in gone]
+        return [t.id for t in gone]
+
+    def end_all(self) -> list[int]:
+        """Forget every track (the session ended); the ids go on counting."""
+        ids = [t.id for t in self._tracks]
+        self._tracks = []
+        if self.reports_ended:
+            self._ended += ids
+        return ids
+
+    def to_state(self, now: float) -> dict[str, Any]:
+        """What :meth:`from_state` needs to carry on, as plain JSON values: the next id
+        and the live tracks, their times as seconds before ``now`` (the caller's clock:
+        the state may be restored in another process, on another machine)."""
+        last = None if self._last_t is None else round(now - self._last_t, 4)
+        return {
+            "v": STATE_VERSION,
+            "next": self._next_id,
+            "last": last,
+            "gap": None if self._gap is None else round(self._gap, 4),
+            "tracks": [
+                [
+                    t.id,
+                    *(round(v, 2) for v in t.box),
+                    round(now - t.seen, 4),
+                    *(round(v, 3) for v in t.vel),
+                    t.hits,
+                    t.misses,
+                ]
+                for t in self._tracks
+            ],
+        }
+
+    @classmethod
+    def from_state(
+        cls,
+        state: Any,
+        now: float,
+        stored_s: float = 0.0,
+        settings: TrackerSettings | None = None,
+    ) -> Tracker:
+        """A tracker that carries on, at ``now`` on this process's clock, from
+        :meth:`to_state`'s ``state``, written ``stored_s`` seconds ago. ``ValueError``
+        for a state this version cannot read."""
+        tracker = cls(settings)
+        if not isinstance(state, dict) or state.get("v") != STATE_VERSION:
+            raise ValueError(f"not a tracker state of version {STATE_VERSION}")
+        try:
+            tracker._next_id = int(state["next"])
+            last, gap = state.get("last"), state.get("gap")
+            then = now - max(stored_s, 0.0)  # when the state was written, on our clock
+            tracker._last_t = None if last is None else then - float(last)
+            tracker._gap = None if gap is None else float(gap)
+            for row in state["tracks"]:
+                tid, x1, y1, x2, y2, age, v1, v2, v3, v4, hits, misses = row
+                tracker._tracks.append(
+                    _Track(
+                        int(tid),
+                        [float(x1), float(y1), float(x2), float(y2)],
+                        then - float(age),
+                        (float(v1), float(v2), float(v3), float(v4)),
+                        int(hits),
+                        int(misses),
+                    )
+                )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"unreadable tracker state: {e}") from None
+        if tracker._tracks and tracker._next_id <= max(t.id for t in tracker._tracks):
+            raise ValueError("tracker state: next id not above its tracks' ids")
+        tracker._since = now
+        return tracker

@@ -36,7 +36,6 @@ from ..config import Config, session_input_sizes
 from ..errors import ClientError, ModelError
 from ..frames.pipeline import FramePipeline, FrameResult
 from ..frames.read import SessionReading
-from ..frames.track import Tracker
 from ..session import reply
 from ..session.core import SessionCore
 from ..session.receive import (
@@ -96,10 +95,10 @@ class Connection:
         self.ctx = ctx
         # The version this client speaks: ask it (flags, close_code) where versions differ.
         self.protocol = protocol
-        # Track ids (since protocol 2): one tracker per connection, fed in reply order.
-        self.tracker = Tracker()
-        # Reading text (since protocol 2, settings.read): what this session's labels said.
-        self.reading = ctx.pipeline.reading.session()
+        # Track ids (since protocol 2): the session's one tracker (session.tracker, which a
+        # resume carries on), fed in reply order. Reading text (since protocol 2,
+        # settings.read): what this session's labels said, kept on that tracker's tracks.
+        self.reading = ctx.pipeline.reading.session(session.tracker)
         cfg = ctx.config
         # The session's rules (session/core.py), counting into the session itself so a
         # resumed session's counters carry on; the runner carries out what it decides.
@@ -253,10 +252,13 @@ class Connection:
 
     def _result_text(self, res: FrameResult) -> str:
         s = self.session
+        sends_ids = s.track and self.protocol.track_ids  # not for v1 (versions.py)
         tracks = None
-        if s.track and self.protocol.track_ids:  # not for v1 (versions.py)
-            tracks = self.tracker.update(res.detections, res.frame.received_at).tolist()
-        return reply.result(res, self.ctx.label, s.dropped, tracks)
+        if sends_ids or res.texts is not None:  # in reply order: the frames' own order
+            tracks = s.tracker.update(res.detections, res.frame.received_at).tolist()
+            if res.texts is not None:  # what was read stays on the tracks it came with
+                self.reading.settle(tracks, res.detections, res.texts)
+        return reply.result(res, self.ctx.label, s.dropped, tracks if sends_ids else None)
 
     def _rejected(self, err: ClientError) -> str:
         """A message that may have been a frame, refused on arrival: received and
@@ -450,7 +452,7 @@ class Connection:
             s.input_size = msg.input_size
         if msg.read is not None:
             if msg.read and not s.read:  # turned on: read afresh, nothing carried over
-                self.reading = self.ctx.pipeline.reading.session()
+                self.reading = self.ctx.pipeline.reading.session(s.tracker)
             s.read = msg.read
         if msg.mode is not None and msg.mode != s.mode:
             s.mode = msg.mode

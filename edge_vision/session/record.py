@@ -9,6 +9,10 @@ Redis cannot resume anyone's session. A node still reads schema-1 records (plain
 ``secret``), so sessions written before an upgrade resume; the secret is 144 random bits,
 so an unsalted fast hash is enough (nothing to brute-force).
 
+The session owns its tracker (:class:`~edge_vision.frames.track.Tracker`): the record
+carries its state (``tracks``), so a resumed session continues its track ids and keeps
+the tracks it had, on this node or another.
+
 ``epoch`` orders the holders of one session: it starts at 1 and grows by one each time a
 connection resumes the session. The state store refuses a write that carries an older
 epoch than the one it holds, so a node that lost a session to a newer connection (its
@@ -21,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import re
 import secrets
 import time
@@ -28,6 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.settings import FrameSettings, Mode
+from ..frames.track import Tracker
+
+log = logging.getLogger(__name__)
 
 COUNTERS = ("received", "answered", "dropped", "rejected")
 
@@ -72,6 +80,8 @@ class Session:
     dropped: int = 0
     rejected: int = 0
     secret_sha256: str = ""
+    # The session's one tracker (track ids, and the tracks reading keeps its texts on).
+    tracker: Tracker = field(default_factory=Tracker, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.secret_sha256 and self.secret:
@@ -120,7 +130,14 @@ class Session:
             "connected_at": repr(self.connected_at),
             "last_seen": repr(self.last_seen),
             **{c: str(getattr(self, c)) for c in COUNTERS},
+            "tracks": self.tracks_record(),
         }
+
+    def tracks_record(self) -> str:
+        """The tracker's state as the record holds it: JSON, ages relative to ``at``, the
+        wall clock when it was written (another node's process clock is not ours)."""
+        state = self.tracker.to_state(time.perf_counter())
+        return json.dumps({"at": round(time.time(), 3), **state}, separators=(",", ":"))
 
     @classmethod
     def from_record(cls, rec: dict[str, str]) -> Session:
@@ -154,6 +171,7 @@ class Session:
                 connected_at=connected_at,
                 last_seen=float(rec.get("last_seen", "0")),
                 **{c: int(rec.get(c, "0")) for c in COUNTERS},
+                tracker=_tracker_from(rec.get("tracks")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not a session record: {e}") from None
@@ -174,6 +192,20 @@ class Session:
             "last_seen": self.last_seen,
             **self.counters(),
         }
+
+
+def _tracker_from(text: str | None) -> Tracker:
+    """The tracker a record's ``tracks`` holds; a fresh one when it holds none (a record
+    written before tracks were kept) or one this version cannot read (said in the log)."""
+    if not text:
+        return Tracker()
+    try:
+        state = json.loads(text)
+        stored_s = time.time() - float(state["at"])
+        return Tracker.from_state(state, time.perf_counter(), stored_s)
+    except (KeyError, TypeError, ValueError) as e:  # json's errors are ValueErrors
+        log.warning("a session record's tracks cannot be read (%s); its ids start afresh", e)
+        return Tracker()
 
 
 def new_session(

@@ -28,6 +28,7 @@ from edge_vision.config import Config
 from edge_vision.engines.recognisers import OnnxRuntimeRecogniser, load_recogniser
 from edge_vision.engines.tensorrt import recogniser as trt_recogniser
 from edge_vision.frames.read import ReadStage, TextReader, recogniser_batches
+from edge_vision.frames.track import Tracker
 from edge_vision.model.spec import ModelSpec, default_recogniser_path
 
 from ..support import mock_tensorrt
@@ -185,11 +186,13 @@ async def test_mock_tensorrt_read_stage_follows_engine_kind_and_a_failed_run_sen
 
         cv2.putText(image, "K4 77", (20, 80), cv2.FONT_HERSHEY_SIMPLEX, 1.6, (20, 20, 20), 3)
         dets = np.array([[10, 30, 200, 100, 0.9, 0]], np.float32)
-        reading = stage.session()
+        reading = stage.session(Tracker())
         (text,) = await stage.read(
             reading, dets, None, 0.0, lambda: (image, lambda: None), wait=True
         )
         assert text is not None and text.text.replace(" ", "") == "K477"
+        # The reply gives the box its track, where the text stays (connection.py).
+        reading.settle(reading.tracker.update(dets, 0.0).tolist(), dets, [text])
         state.fail_execute = True  # the GPU goes away: the boxes still go, unread
         later = dets.copy()
         later[0, 2] = 380  # a box much wider: read again

@@ -19,6 +19,7 @@ from edge_vision.frames.read import (
     recogniser_batches,
     resize_into,
 )
+from edge_vision.frames.track import Tracker
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -135,17 +136,28 @@ def dets(*boxes: tuple[float, float, float, float, float]) -> np.ndarray:
     return np.array([[*b, 0.0] for b in boxes], np.float32)
 
 
+def reply(
+    s: SessionReading, plan_texts: list[ReadText | None], frame: np.ndarray, t: float
+) -> list[int]:
+    """What the connection does when the frame's reply goes out, in frame order."""
+    ids = s.tracker.update(frame, t).tolist()
+    s.settle(ids, frame, plan_texts)
+    return ids
+
+
 def test_a_label_read_once_is_carried_while_its_box_keeps_its_size() -> None:
-    s = SessionReading(max_boxes=8, reread_size_change=0.15)
+    s = SessionReading(Tracker(), max_boxes=8, reread_size_change=0.15)
     first = dets((100, 100, 200, 130, 0.9))
     plan = s.plan(first, 0.0)
     assert plan.to_read == [0] and plan.texts == [None]
     s.store(plan, first, [ReadText("LOT 7", 0.98)])
-    # Moved by 10 px, same size: carried, not read again.
+    (track,) = reply(s, plan.texts, first, 0.0)
+    # Moved by 10 px, same size: carried, not read again, on the session's track.
     moved = dets((110, 102, 210, 132, 0.9))
     again = s.plan(moved, 0.1)
-    assert again.to_read == []
+    assert again.to_read == [] and again.tracks == [track]
     assert again.texts == [ReadText("LOT 7", 0.98)]
+    assert reply(s, again.texts, moved, 0.1) == [track]
     # Grown by 30 % (came closer, or the text got longer): read again, shown as before
     # until then.
     grown = dets((110, 100, 240, 139, 0.9))
@@ -154,14 +166,53 @@ def test_a_label_read_once_is_carried_while_its_box_keeps_its_size() -> None:
     assert changed.texts == [ReadText("LOT 7", 0.98)]
 
 
+def test_text_read_for_a_new_box_stays_on_the_id_its_reply_gave_it() -> None:
+    # Frame 1's box is read before any reply gave it a track; frame 2 (planned while
+    # frame 1 was on its way) reads it again; once frame 1's reply gave it its id, frame 3
+    # carries the text on that id and reads nothing.
+    s = SessionReading(Tracker())
+    box = dets((100, 100, 200, 130, 0.9))
+    one = s.plan(box, 0.0)
+    assert one.tracks == [0]  # a new track: the reply gives it its id
+    s.store(one, box, [ReadText("K4", 0.9)])
+    two = s.plan(box, 0.05)
+    assert two.to_read == [0]
+    (track,) = reply(s, one.texts, box, 0.0)
+    three = s.plan(box, 0.1)
+    assert three.to_read == [] and three.tracks == [track]
+    assert three.texts == [ReadText("K4", 0.9)]
+
+
+def test_what_a_forgotten_track_said_is_forgotten_with_it() -> None:
+    s = SessionReading(Tracker())
+    box = dets((100, 100, 200, 130, 0.9))
+    plan = s.plan(box, 0.0)
+    s.store(plan, box, [ReadText("K4", 0.9)])
+    (first,) = reply(s, plan.texts, box, 0.0)
+    empty = dets()
+    for i in range(1, 6):  # gone for 5 frames over 2.5 s: past the tracker's keep time
+        reply(s, [], empty, i * 0.5)
+    back = s.plan(box, 3.0)
+    assert back.tracks == [0] and back.texts == [None] and back.to_read == [0]
+    assert reply(s, back.texts, box, 3.0)[0] > first  # a new id, never the old one
+
+
+def test_a_select_filter_limits_what_is_read() -> None:
+    s = SessionReading(Tracker())
+    s.select = lambda d, w, h: [float(x1) < w / 2 for x1 in d[:, 0]]  # the left half
+    frame = dets((10, 10, 90, 40, 0.9), (700, 10, 790, 40, 0.95))
+    assert s.plan(frame, 0.0, 800, 600).to_read == [0]
+
+
 def test_at_most_max_boxes_are_read_per_frame_unknown_and_best_first() -> None:
-    s = SessionReading(max_boxes=2)
+    s = SessionReading(Tracker(), max_boxes=2)
     frame = dets(
         (0, 0, 50, 20, 0.6), (0, 100, 50, 120, 0.95), (0, 200, 50, 220, 0.8), (0, 300, 50, 320, 0.7)
     )
     plan = s.plan(frame, 0.0)
     assert plan.to_read == [1, 2]
     s.store(plan, frame, [ReadText("b", 1.0), ReadText("c", 1.0)])
+    reply(s, plan.texts, frame, 0.0)
     # The next frame reads the two left over.
     nxt = s.plan(frame, 0.05)
     assert sorted(nxt.to_read) == [0, 3]
@@ -169,7 +220,7 @@ def test_at_most_max_boxes_are_read_per_frame_unknown_and_best_first() -> None:
 
 
 def test_the_read_slot_is_one_read_at_a_time() -> None:
-    s = SessionReading()
+    s = SessionReading(Tracker())
     s.begin()
     assert s.busy
     with pytest.raises(RuntimeError):

@@ -169,3 +169,76 @@ def test_the_tracker_bench_times_the_current_and_a_git_revision_s_tracker(tmp_pa
         row = got["boxes"][n]
         assert row["same_ids"] is True  # the array tracker gives the git revision's ids
         assert row["current"]["updates"] == 5 and row["current"]["cpu_median_ms"] > 0
+
+
+# -- one tracker per session: match, state across a resume, quiet streams --------------
+
+
+def test_match_names_the_tracks_update_would_give_and_changes_nothing() -> None:
+    t = Tracker()
+    (a, b) = t.update(np.array([det(100, 100), det(500, 100)], np.float32), 0.0).tolist()
+    frame = np.array([det(104, 101), det(900, 400), det(503, 99)], np.float32)
+    assert t.match(frame, 1 / FPS) == [a, 0, b]  # 0: would start a new track
+    assert t.match(frame, 1 / FPS) == [a, 0, b]  # asked twice: the same, nothing moved
+    assert t.track_ids == [a, b] and t.next_id == 3
+    assert t.update(frame, 1 / FPS).tolist() == [a, 3, b]
+
+
+def test_a_tracker_restored_from_its_state_continues_its_ids_and_tracks() -> None:
+    t = Tracker()
+    run(t, [[det(100 + 10 * i, 200), det(600, 200 + 5 * i)] for i in range(5)])
+    ids = t.track_ids
+    state = json.loads(json.dumps(t.to_state(now=4 / FPS)))  # as the session record holds it
+    # Restored elsewhere 0.2 s after it was written, at another process's clock (1000 s).
+    back = Tracker.from_state(state, now=1000.0, stored_s=0.2)
+    assert back.track_ids == ids and back.next_id == t.next_id
+    frame = np.array([det(152, 200), det(600, 226), det(300, 500)], np.float32)
+    assert back.update(frame, 1000.0).tolist() == [*ids, t.next_id]  # carried on, and counts on
+
+
+def test_a_state_of_another_version_or_a_broken_one_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Tracker.from_state({"v": 99, "next": 1, "tracks": []}, 0.0)
+    with pytest.raises(ValueError):
+        Tracker.from_state({"v": 1, "next": 1, "tracks": [[1, 0, 0, 9, 9]]}, 0.0)
+    with pytest.raises(ValueError):  # a next id that would reuse a live track's id
+        state = Tracker().to_state(0.0) | {"next": 1}
+        state["tracks"] = [[1, 0, 0, 9, 9, 0.0, 0, 0, 0, 0, 1, 0]]
+        Tracker.from_state(state, 0.0)
+
+
+def test_a_quiet_stream_s_tracks_expire_on_the_timer_and_are_reported_ended() -> None:
+    t = Tracker(TrackerSettings(keep_s=1.0))
+    t.reports_ended = True
+    run(t, [[det(100, 100)]] * 10)  # 15 fps, then nothing more comes
+    (tid,) = t.track_ids
+    last = 9 / FPS
+    assert t.expire(last + 0.9) == [] and t.track_ids == [tid]
+    assert t.expire(last + 1.1) == [tid] and t.track_ids == []
+    assert t.take_ended() == [tid] and t.take_ended() == []
+
+
+def test_on_a_slow_stream_the_timer_waits_for_the_frames_that_would_miss_a_track() -> None:
+    t = Tracker(TrackerSettings(keep_s=1.0, keep_frames=3))
+    for i in range(4):  # a frame every 2 s
+        t.update(np.array([det(100, 100)], np.float32), 2.0 * i)
+    assert t.expire(6.0 + 4.0) == []  # two frames' time: it may come with the next frame
+    assert t.expire(6.0 + 8.5) != []  # four frames' time without a frame: gone
+
+
+def test_a_restored_tracker_s_timer_counts_from_the_restore() -> None:
+    t = Tracker()
+    run(t, [[det(100, 100)]] * 3)
+    back = Tracker.from_state(t.to_state(2 / FPS), now=50.0, stored_s=30.0)
+    assert back.expire(50.5) == []  # its client is back: its next frame decides
+    assert back.expire(51.5) != []
+
+
+def test_forgotten_tracks_are_reported_only_to_a_tracker_that_reports_them() -> None:
+    quiet, told = Tracker(), Tracker()
+    told.reports_ended = True
+    for t in (quiet, told):
+        run(t, [[det(100, 100)]] * 2 + [[]] * 30)
+    assert quiet.take_ended() == [] and told.take_ended() == [1]
+    told.update(np.array([det(300, 300)], np.float32), 10.0)
+    assert told.end_all() == [2] and told.take_ended() == [2] and told.next_id == 3

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ...config import Config
     from ...frames.infer import InferenceService
     from ...frames.pipeline import FramePipeline
+    from ...frames.read import SessionReading
     from ...session.core import Drop
     from ...session.runner import FrameCore, FrameTicket, SessionRunner
 
@@ -55,6 +56,7 @@ class LocalTarget:
         self.service: InferenceService | None = None
         self.pipeline: FramePipeline | None = None
         self._runner: SessionRunner | None = None
+        self._reading: SessionReading | None = None
         self._seqs: dict[int, int] = {}  # id(frame message) -> seq, until it is settled
         self._closed = False
 
@@ -62,6 +64,7 @@ class LocalTarget:
         # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from ...frames.infer import InferenceService
         from ...frames.pipeline import FramePipeline, FrameSettings
+        from ...frames.track import Tracker
         from ...model.spec import load_model_spec
         from ...session.core import SessionCore
         from ...session.runner import SessionRunner
@@ -75,7 +78,8 @@ class LocalTarget:
         reading = None
         if self._read:  # as a server session with read on; fails here, not per frame
             await self.pipeline.reading.reader()
-            reading = self.pipeline.reading.session()
+            # The session's tracker, fed in frame order as the server's connection does.
+            self._reading = reading = self.pipeline.reading.session(Tracker())
         engine = self.service.engine
         self.description = f"in-process {engine.kind if engine else cfg.engine.kind}"
         # The server's own rules and limits for a connection (docs/protocol.md, Admission);
@@ -111,6 +115,9 @@ class LocalTarget:
         if isinstance(res, ClientError):
             outcome = Outcome("error", error={"code": res.code, "message": res.message})
         elif isinstance(res, FrameResult) and self.service is not None and self._runner:
+            if self._reading is not None and res.texts is not None:  # as connection.py
+                tracks = self._reading.tracker.update(res.detections, msg.received_at)
+                self._reading.settle(tracks.tolist(), res.detections, res.texts)
             latency = (time.perf_counter() - msg.received_at) * 1000.0
             dropped = self._runner.core.books.dropped
             result = orjson.loads(reply.result(res, self.service.spec.label, dropped))
