@@ -408,6 +408,39 @@ def test_a_missing_file_is_named(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert "nope.mp4" in err and "no such file" in err
 
 
+@pytest.mark.parametrize(
+    ("out", "flags", "said"),
+    [
+        (
+            "a.avi",
+            [],
+            "--out {out}: replay writes video browsers play: .mp4 (H.264) or .webm (VP9), "
+            "also .m4v, .mov, .mkv; not .avi",
+        ),
+        ("a.mp4", ["--codec", "mpeg4"], "--codec mpeg4: unknown; use h264 (.mp4) or vp9 (.webm)"),
+        ("a.mp4", ["--codec", "vp9"], "--codec vp9 does not go in .mp4 files; use .webm or .mkv"),
+        (
+            "a.mp4",
+            ["--fourcc", "mp4v"],
+            "--fourcc mp4v: replay writes only video browsers play; use --codec h264 (.mp4) "
+            "or --codec vp9 (.webm)",
+        ),
+    ],
+)
+def test_an_output_video_browsers_cannot_play_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    clip: TextClip,
+    out: str,
+    flags: list[str],
+    said: str,
+) -> None:
+    path = tmp_path / out
+    err = replay_error(capsys, str(clip.path), "--out", str(path), *flags)
+    assert err.splitlines() == ["edge-vision replay: " + said.format(out=path)]
+    assert not path.exists()  # refused before the model loads, nothing written
+
+
 def test_an_unknown_codec_is_reported(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # An AVI whose FourCC names a codec no decoder knows.
     write_text_clip(tmp_path / "ok.avi", 160, 90, frames=3, fourcc="MJPG")

@@ -75,8 +75,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cut.add_argument("--start", type=_seconds, default=0.0, help="start at (seconds or m:s)")
     cut.add_argument("--duration", type=_seconds, help="replay this long (seconds or m:s)")
     out = p.add_argument_group("outputs")
-    out.add_argument("--out", type=Path, help="annotated video (.mp4, .avi, .mkv)")
-    out.add_argument("--fourcc", help="video codec FourCC for --out (default by extension)")
+    out.add_argument(
+        "--out",
+        type=Path,
+        help="annotated video, as browsers play it: .mp4 (H.264) or .webm (VP9); also .m4v, "
+        ".mov, .mkv",
+    )
+    out.add_argument(
+        "--codec",
+        metavar="h264|vp9",
+        help="codec of --out (default: by its extension: h264 for .mp4, vp9 for .webm)",
+    )
+    out.add_argument("--fourcc", help=argparse.SUPPRESS)  # before --codec: avc1 or vp09 only
     out.add_argument("--jsonl", type=Path, help="one JSON line per frame")
     out.add_argument("--summary-json", type=Path, help="also write the summary as JSON")
     out.add_argument(
@@ -124,11 +134,16 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
         raise ReplayError("--confidence must be in [0, 1]")
     if args.timeout <= 0:
         raise ReplayError("--timeout must be > 0")
+    codec = args.codec
     if args.out is not None:
         # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
-        from ..annotate import video_fourcc
+        from ..annotate import codec_of_fourcc, video_codec
 
-        video_fourcc(args.out, args.fourcc)  # a bad --out fails before the model loads
+        if codec is None and args.fourcc is not None:
+            codec = codec_of_fourcc(args.fourcc)
+        codec = video_codec(args.out, codec).name  # a bad --out fails before the model loads
+    elif codec is not None or args.fourcc is not None:
+        raise ReplayError("--codec names the codec of --out: give --out too")
     if args.jsonl is not None and not args.jsonl.parent.is_dir():
         raise ReplayError(f"--jsonl {args.jsonl}: folder {args.jsonl.parent} does not exist")
     return ReplayOptions(
@@ -139,7 +154,7 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
         token=args.token,
         wire=args.wire,
         out=args.out,
-        fourcc=args.fourcc,
+        codec=codec,
         jsonl=args.jsonl,
         summary_json=args.summary_json,
         progress=args.progress,

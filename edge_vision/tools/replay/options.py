@@ -27,7 +27,7 @@ class ReplayOptions:
     token: str | None = None
     wire: Wire = "binary"
     out: Path | None = None
-    fourcc: str | None = None
+    codec: str | None = None  # of ``out``: h264 or vp9; None: by its extension
     jsonl: Path | None = None
     summary_json: Path | None = None
     progress: bool | None = None  # None: when stderr is a terminal

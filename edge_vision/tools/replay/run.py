@@ -80,7 +80,7 @@ class Replay:
             await target.start()  # loads the model or connects: the likeliest failures
             show = opts.progress if opts.progress is not None else sys.stderr.isatty()
             recorder = await loop.run_in_executor(
-                self._writer, lambda: Recorder(info, opts.jsonl, opts.out, opts.fourcc, show)
+                self._writer, lambda: Recorder(info, opts.jsonl, opts.out, opts.codec, show)
             )
             stack.push_async_callback(loop.run_in_executor, self._writer, recorder.close)
             writer_task = asyncio.create_task(self._write_all(recorder), name="replay-write")

@@ -98,7 +98,7 @@ class Recorder:
         info: SourceInfo,
         jsonl: Path | None,
         video: Path | None,
-        fourcc: str | None,
+        codec: str | None,
         progress: bool,
     ) -> None:
         # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
@@ -109,7 +109,7 @@ class Recorder:
         self._video: VideoSink | None = None
         self._bar: Any = None
         if video is not None:
-            self._video = VideoSink(video, info.fps, (info.width, info.height), fourcc)
+            self._video = VideoSink(video, info.fps, (info.width, info.height), codec)
         if jsonl is not None:
             try:
                 # One write per line and no buffering beyond it: a killed replay leaves
