@@ -1,5 +1,6 @@
 """All configuration: the sections, one module per part of the service (``serve``, ``model``,
-``engines``, ``frames``, ``session``), composed into :class:`Config` and loaded here.
+``engines``, ``frames``, ``session``, ``events``), composed into :class:`Config` and loaded
+here.
 
 Sources, lowest precedence first:
 
@@ -38,6 +39,7 @@ from .engines import (
     engine_kinds,
     engine_sections,
 )
+from .events import EventsConfig, RuleConfig, SessionEventsSettings
 from .frames import DecodeConfig, ReadConfig
 from .model import DbnetConfig, ModelConfig
 from .serve import ApiKeyConfig, AuthConfig, LimitsConfig, LoggingConfig, ServerConfig
@@ -56,13 +58,16 @@ __all__ = [
     "DecodeConfig",
     "EngineConfig",
     "EngineSection",
+    "EventsConfig",
     "LimitsConfig",
     "LoggingConfig",
     "ModelConfig",
     "OnnxRuntimeConfig",
     "ReadConfig",
+    "RuleConfig",
     "ServerConfig",
     "SessionConfig",
+    "SessionEventsSettings",
     "StateConfig",
     "TensorRTConfig",
     "TorchConfig",
@@ -87,6 +92,7 @@ class Config(_Section):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     read: ReadConfig = Field(default_factory=ReadConfig)
+    events: EventsConfig = Field(default_factory=EventsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     #: How ``engine.kind: auto`` was resolved on this machine (edge_vision/engines/choice.py):
