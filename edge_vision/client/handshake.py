@@ -116,11 +116,17 @@ def wrong_path(where: str, status: int, body: str = "") -> WrongPath:
     or nothing; the message names the node's ``/ws`` (and never repeats a page's HTML)."""
     ws = node_ws_url(where)
     path = urlsplit(where).path
+    at_ws = path.rstrip("/").endswith("/ws")
     if path in ("", "/"):
         message = f"{where} is the overlay page; the WebSocket is at {ws}"
+    elif status == 200 and at_ws:
+        message = (
+            f"{where} answered with a page (HTTP 200), not the WebSocket upgrade: is an "
+            "edge_vision node there, or does a proxy in front drop the Upgrade header?"
+        )
     elif status == 200:
         message = f"{where} is a page (HTTP 200), not the WebSocket; it is at {ws}"
-    elif path.rstrip("/").endswith("/ws"):
+    elif at_ws:
         message = (
             f"nothing serves a WebSocket at {where} (HTTP 404): is an edge_vision node "
             "there, or does a proxy in front serve its /ws under another path?"

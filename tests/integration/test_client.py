@@ -25,7 +25,7 @@ from aiohttp import web
 
 from edge_vision import errors
 from edge_vision.client import EdgeVisionClient, FrameError, Result
-from edge_vision.client.handshake import classify_close, handshake
+from edge_vision.client.handshake import classify_close, handshake, refusal_error
 from edge_vision.common.threads import opencv_threads
 from edge_vision.model.spec import ModelSpec
 from edge_vision.serve.server import SERVICE, STARTUP, create_app
@@ -297,6 +297,31 @@ async def test_a_path_that_is_not_there_is_a_404_that_names_ws(server: RunningSe
     )
     assert info.value.status == 404 and client.retries == 0
     await client.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "status", "said"),
+    [
+        (
+            "wss://vision.example/edge/ws",
+            404,
+            "nothing serves a WebSocket at wss://vision.example/edge/ws (HTTP 404): is an "
+            "edge_vision node there, or does a proxy in front serve its /ws under another path?",
+        ),
+        (
+            "wss://vision.example/ws",
+            200,
+            "wss://vision.example/ws answered with a page (HTTP 200), not the WebSocket "
+            "upgrade: is an edge_vision node there, or does a proxy in front drop the Upgrade "
+            "header?",
+        ),
+    ],
+)
+def test_behind_a_proxy_a_wrong_path_says_what_to_check(url: str, status: int, said: str) -> None:
+    """The refusals no server here answers with: a proxy's own 404 or page at a /ws path."""
+    err = refusal_error(url, status, "<!doctype html><html><body>Not here</body></html>")
+    assert isinstance(err, errors.WrongPath)
+    assert str(err) == said and err.body == ""
 
 
 async def test_a_version_the_node_does_not_serve_is_protocol_not_served(
