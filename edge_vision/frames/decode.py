@@ -148,6 +148,118 @@ def check_decoded_limit(
 
 
 # ---------------------------------------------------------------------------------------
+# What a decode holds, from the header, before it starts
+
+# Progressive SOFs (Huffman and arithmetic, plain and differential): libjpeg buffers the
+# coefficients of the whole image until the last scan.
+_PROGRESSIVE_SOF = frozenset((0xC2, 0xC6, 0xCA, 0xCE))
+_COEFFICIENT_BLOCK = 64 * 2  # one 8x8 block of 16-bit coefficients (libjpeg's JBLOCK)
+
+
+@dataclass(frozen=True, slots=True)
+class JpegLayout:
+    """What decides a JPEG decoder's working memory: the frame's SOF marker, each
+    component's sampling factors, and how many components its first scan carries."""
+
+    sof: int
+    sampling: tuple[tuple[int, int], ...]  # (horizontal, vertical) per component
+    first_scan_components: int | None  # None: no scan header before the data ends
+
+    @property
+    def whole_image_buffers(self) -> bool:
+        """Progressive, or sequential in several scans (a component's scan comes after
+        another's): libjpeg keeps every coefficient of the image until the end (its
+        buffered-image mode, jdcoefct.c), however far it scales the output down."""
+        multi_scan = self.first_scan_components is not None and self.first_scan_components < len(
+            self.sampling
+        )
+        return self.sof in _PROGRESSIVE_SOF or multi_scan
+
+
+def jpeg_layout(data: bytes) -> JpegLayout | None:
+    """The :class:`JpegLayout` from the markers before the first scan (ITU T.81 B.2.2
+    frame header, B.2.3 scan header); None when they cannot be read (the decoder then
+    says what is wrong)."""
+    i, n = 2, len(data)
+    sof: int | None = None
+    sampling: tuple[tuple[int, int], ...] = ()
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF or marker in (0x01, *range(0xD0, 0xD8)):
+            i += 1 if marker == 0xFF else 2
+            continue
+        (length,) = struct.unpack_from(">H", data, i + 2)
+        if marker in _SOF_MARKERS and i + 10 <= n:
+            count = data[i + 9]
+            if i + 10 + 3 * count > n:
+                return None
+            factors = data[i + 11 : i + 10 + 3 * count : 3]
+            sof, sampling = marker, tuple((f >> 4, f & 0x0F) for f in factors)
+        elif marker == 0xDA:  # start of scan: Ns, the components of this first scan
+            if sof is None or i + 5 > n:
+                return None
+            return JpegLayout(sof, sampling, data[i + 4])
+        i += 2 + length
+    return JpegLayout(sof, sampling, None) if sof is not None else None
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def decode_memory(data: bytes, header: ImageHeader, min_size: tuple[int, int] | None) -> int:
+    """Bytes a host decode of ``data`` holds at its peak, from its header alone: the
+    decoded pixels (:func:`decoded_bytes`), plus a JPEG's whole-image coefficient
+    buffers when it has them (a progressive 6,300 x 6,300 JPEG of 0.5 MB holds 227 MiB
+    while it decodes to 1.8 MiB at 1/8), plus a 16-bit PNG's 16-bit pixels (decoded
+    before they are narrowed to 8 bits). What the memory budget is charged before the
+    decode starts (edge_vision.frames.decode_turns)."""
+    nbytes = decoded_bytes(header, min_size)
+    if header.format == "png":
+        if len(data) > 24 and data[24] == 16:  # IHDR bit depth
+            nbytes += header.pixels * 3 * 2
+        return nbytes
+    layout = jpeg_layout(data)
+    if layout is None or not layout.whole_image_buffers or not layout.sampling:
+        return nbytes
+    h_max = max(h for h, _ in layout.sampling) or 1
+    v_max = max(v for _, v in layout.sampling) or 1
+    for h, v in layout.sampling:
+        # Blocks of this component, padded to whole MCUs as libjpeg allocates them.
+        h, v = max(h, 1), max(v, 1)
+        cols = _ceil_div(_ceil_div(header.width * h, h_max), 8)
+        rows = _ceil_div(_ceil_div(header.height * v, v_max), 8)
+        nbytes += _ceil_div(cols, h) * h * _ceil_div(rows, v) * v * _COEFFICIENT_BLOCK
+    return nbytes
+
+
+def decode_refusal(
+    header: ImageHeader, data: bytes, nbytes: int, budget: int, *, ever: bool
+) -> ClientError:
+    """The error for a decode that must hold ``nbytes`` (:func:`decode_memory`) when the
+    memory budget (``budget`` bytes, ``server.memory_budget_bytes``) has no room for it:
+    now (``ever``: it fits an idle node; over_memory_budget), or never (decoded_too_large)."""
+    layout = jpeg_layout(data) if header.format == "jpeg" else None
+    kind = header.format.upper()
+    if layout is not None and layout.sof in _PROGRESSIVE_SOF:
+        kind = "progressive JPEG"
+    what = (
+        f"decoding this {kind} {header.width}x{header.height} ({_megapixels(header.pixels)}) "
+        f"holds {_mebibytes(nbytes)}"
+    )
+    setting = f"the server's memory budget ({_mebibytes(budget)}, server.memory_budget_bytes)"
+    if ever:
+        return ClientError(
+            "over_memory_budget",
+            f"{what}; {setting} has no room for it now: retry shortly, or send smaller frames",
+        )
+    todo = "send a smaller frame" + (", or a baseline JPEG" if header.format == "jpeg" else "")
+    return ClientError("decoded_too_large", f"{what}, more than {setting}: {todo}")
+
+
+# ---------------------------------------------------------------------------------------
 # Decoders
 
 

@@ -8,8 +8,9 @@ frame no longer needs its decode turn:
 * :meth:`FramePipeline.prepare`: header read, pixel and decoded-size limits, decode and
   letterbox, on the host or batched on the GPU (edge_vision.frames.decode_batch,
   edge_vision.frames.decode_gpu) → a :class:`~edge_vision.frames.decode_batch.Prepared` canvas,
-  which
-  the caller owns;
+  which the caller owns. A host decode waits for its session's fair turn and for room in
+  the memory budget for all it will hold, charged before it starts
+  (edge_vision.frames.decode_turns);
 * :meth:`FramePipeline.finish`: the engine (through the batcher), the head, and reading
   when the session reads → a :class:`FrameResult`, or
   :data:`~edge_vision.frames.infer.SUPERSEDED` when a newer
@@ -56,12 +57,15 @@ from .decode import (
     check_decoded_limit,
     check_pixel_limit,
     decode_base64,
+    decode_memory,
+    decode_refusal,
     decoded_bytes,
     pick_decoder,
     read_image_header,
 )
 from .decode_batch import DecodeBatcher, DecodeRequest, HostBatchDecoder, Prepared
 from .decode_gpu import make_device_decoder
+from .decode_turns import DecodeTurns, Turn
 from .infer import BatchInfo, InferenceService, Superseded
 from .read import ReadStage, SessionReading
 from .results import FrameResult as FrameResult  # re-exported: the pipeline's product
@@ -93,6 +97,10 @@ class FramePipeline:
         self.budget = MemoryBudget(config.server.memory_budget_bytes // config.server.workers)
         self.pool = pool or BufferPool(budget=self.budget)
         self._housekeeping: asyncio.Task[None] | None = None
+        # Host decodes' fair turns, made on the serving loop with the first frame, and the
+        # turn each request handed to a worker holds (the worker ends it: decode_request).
+        self._turns: DecodeTurns | None = None
+        self._turn_of: dict[int, Turn] = {}
         self._own_executor = executor is None
         self.executor = executor or role_pool(worker_count(config.decode.workers), "frame")
         # Host decode is one worker job a frame; with decode.device cuda and a CUDA engine
@@ -201,19 +209,24 @@ class FramePipeline:
         spec = self.service.spec
         min_size = (lb.new_w, lb.new_h) if self.config.decode.dct_downscale else None
         nbytes = decoded_bytes(header, min_size)
-        # Decoders that do not write into the pool allocate the pixels themselves: they are
-        # counted while they exist (a pooled decode is counted by the pool instead).
-        if not self.budget.try_acquire(nbytes, "decode"):
-            raise ClientError("over_memory_budget", "no room in the memory budget to decode")
-        charged = nbytes
+        turn = self._turn_of.pop(id(request), None)
+        charged = 0
+        if turn is None:
+            # Not through a turn (the device decoder's host fallback): charged here, all it
+            # will hold; the pixels of a decoder that writes into the pool are then counted
+            # by the pool instead.
+            need = decode_memory(data, header, min_size)
+            if not self.budget.try_acquire(need, "decode"):
+                raise decode_refusal(header, data, need, self.budget.limit, ever=True)
+            charged = need
         try:
             try:
                 decoded = self.decoder.decode(data, header, min_size, self.pool)
             except cv2.error as e:
                 raise ClientError("bad_image", f"image could not be decoded: {e.msg}") from None
-            if decoded.pooled:
-                self.budget.release(charged, "decode")
-                charged = 0
+            if decoded.pooled and charged:
+                self.budget.release(nbytes, "decode")
+                charged -= nbytes
             t1 = time.perf_counter()
             canvas = self.pool.acquire((lb.out_h, lb.out_w, 3))
             try:
@@ -226,6 +239,8 @@ class FramePipeline:
                     self.pool.release(decoded.pixels)
         finally:
             self.budget.release(charged, "decode")
+            if turn is not None:
+                turn.done()
         return Prepared(canvas, lb, t1 - t0, time.perf_counter() - t1)
 
     def full_frame(self, frame: FrameMessage) -> tuple[U8Array, Callable[[], None]]:
@@ -233,10 +248,26 @@ class FramePipeline:
         stage, worker thread): crops for the recogniser come from the original pixels,
         not from the engine's smaller input."""
         data = decode_base64(frame.image) if frame.image_is_base64 else frame.image
-        decoded = self.decoder.decode(data, read_image_header(data), None, self.pool)
-        if decoded.pooled:
-            return decoded.pixels, lambda: self.pool.release(decoded.pixels)
-        return decoded.pixels, lambda: None
+        header = read_image_header(data)
+        # Charged before it is spent, as a host decode is (decode_turns.py): all the decode
+        # holds while it runs, then the pixels it keeps unless the pool counts them.
+        need, limit = decode_memory(data, header, None), self.budget.limit
+        if not self.budget.try_acquire(need, "decode"):
+            raise decode_refusal(header, data, need, limit, ever=need <= limit)
+        try:
+            decoded = self.decoder.decode(data, header, None, self.pool)
+        except BaseException:
+            self.budget.release(need, "decode")
+            raise
+        kept = 0 if decoded.pooled else decoded_bytes(header, None)
+        self.budget.release(need - kept, "decode")
+
+        def release() -> None:
+            if decoded.pooled:
+                self.pool.release(decoded.pixels)
+            self.budget.release(kept, "decode")
+
+        return decoded.pixels, release
 
     def postprocess(
         self, outputs: list[np.ndarray], lb: Letterbox, settings: FrameSettings
@@ -267,12 +298,15 @@ class FramePipeline:
 
     # -- the async path ---------------------------------------------------------------
 
-    async def prepare(self, frame: FrameMessage, settings: FrameSettings) -> Prepared:
+    async def prepare(
+        self, frame: FrameMessage, settings: FrameSettings, *, owner: Hashable | None = None
+    ) -> Prepared:
         """Read the header, check the limits, decode and letterbox one admitted frame (on
         the host, or batched on the GPU while a CUDA engine serves). Raises ClientError
         for bad input. The canvas is the caller's: hand it to :meth:`finish` or
         :meth:`release`. Cancelled while decoding, the decode goes on in its worker and
-        its canvas goes back to the pool when it is done."""
+        its canvas goes back to the pool when it is done. ``owner`` (the session): whose
+        turn a host decode takes (decode_turns.py)."""
         loop = asyncio.get_running_loop()
         if self._housekeeping is None:  # started with the first frame, on the serving loop
             d = self.config.decode
@@ -287,8 +321,38 @@ class FramePipeline:
             request = self.request_for(frame, settings.input_size)
         engine = self.service.engine
         on_device = engine is not None and engine.accepts_device_frames
-        # Cancelled while decoding, the batcher gives the canvas back once it is made.
-        return await self.decoding.decode(request, device=on_device)
+        device = self.decoding.device
+        if on_device and device is not None and device.takes(request):
+            # Cancelled while decoding, the batcher gives the canvas back once it is made.
+            return await self.decoding.decode(request, device=True)
+        turn = await self._host_turn(request, owner)
+        self._turn_of[id(request)] = turn
+        try:
+            return await self.decoding.decode(request, device=False)
+        finally:
+            left = self._turn_of.pop(id(request), None)
+            if left is not None:  # no worker took it (cancelled while queued): end it here
+                left.done()
+
+    async def _host_turn(self, request: DecodeRequest, owner: Hashable | None) -> Turn:
+        """The session's fair turn to decode on the host, with all the decode will hold
+        charged to the memory budget (decode_turns.py)."""
+        if self._turns is None:
+            self._turns = DecodeTurns(
+                worker_count(self.config.decode.workers),
+                self.budget,
+                self.config.server.memory_wait_s,
+                asyncio.get_running_loop(),
+            )
+        header, lb = request.header, request.letterbox
+        min_size = (lb.new_w, lb.new_h) if self.config.decode.dct_downscale else None
+        cost = decode_memory(request.data, header, min_size)
+        limit = self.budget.limit
+
+        def refuse(nbytes: int) -> ClientError:
+            return decode_refusal(header, request.data, nbytes, limit, ever=nbytes <= limit)
+
+        return await self._turns.acquire(owner, cost, refuse)
 
     def release(self, prepared: Prepared) -> None:
         """Give a prepared frame's canvas back (:meth:`finish` does so itself)."""

@@ -84,8 +84,9 @@ class SessionRunner:
         self._changed = asyncio.Event()  # set after every event: accepting, idle may differ
         self._client_gone = False  # send raised ConnectionError: no reply can be delivered
         # This session in the engine's queue, whose turns favour the session served least
-        # recently (batch.py): a bare object, so the queue's memory of turns holds nothing
-        # of the session once it is gone.
+        # recently (batch.py), and in the host decoders' fair turns (decode_turns.py): a
+        # bare object, so their memory of turns holds nothing of the session once it is
+        # gone.
         self._owner = object()
 
     # -- what the shell calls -----------------------------------------------------------
@@ -198,7 +199,7 @@ class SessionRunner:
         frame, core, pipeline = ticket.frame, self.core, self.pipeline
         settings, reading = self._settings(), self._reading()
         try:
-            prepared = await pipeline.prepare(frame, settings)
+            prepared = await pipeline.prepare(frame, settings, owner=self._owner)
         finally:  # failed or cancelled, it no longer holds the decode turn either
             self._apply(core.prepared(ticket))
         return await pipeline.finish(
