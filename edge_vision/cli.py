@@ -22,11 +22,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     setup_logging(config.logging.level)
     # The engine choice and the server's imports (~1 s) only when serving, not for --help.
     from .engines.choice import resolve_engine
+    from .serve.auth import redact_text, redact_values
     from .serve.workers import run_node
 
     config = resolve_engine(config)  # engine.kind auto: this machine's engine, said once
     if args.print_config:
-        sys.stdout.write(dump_config(config))
+        # Secrets shown as REDACTED: server.admin_token by value, a URL's password by form.
+        redact_values([config.server.admin_token])
+        sys.stdout.write(redact_text(dump_config(config)))
         return 0
     run_node(config)
     return 0

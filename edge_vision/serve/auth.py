@@ -19,8 +19,16 @@ Where a client puts its credential, in the order looked at: ``Authorization: Bea
 (replay, camera boxes), a ``Sec-WebSocket-Protocol`` entry ``edge-vision.token.<credential>``
 (browsers cannot set headers on a WebSocket; the server echoes back only the real
 subprotocol, never this entry), and as a last resort ``?access_token=`` (RFC 6750
-section 2.3). :func:`redact_text` (installed as a log filter by
-:func:`install_log_redaction`) replaces every credential and resume token in any log line.
+section 2.3).
+
+Logs are safe by construction (docs/security.md, "Logs"): :func:`redact_text` (installed
+as a log filter by :func:`install_log_redaction`) replaces every credential by its form,
+whatever surrounds it (``ev1.`` tokens, ``evk_`` API keys, subprotocol entries, any
+``Authorization`` value, whatever follows ``Bearer``, secret query parameters, a URL's
+password), and the secrets the node holds in clear (the token secret,
+``server.admin_token``) by their value. A malformed HTTP request, which nobody
+authenticated, costs one rate-limited log line without its bytes or a traceback
+(:class:`QuietMalformedRequests`).
 """
 
 from __future__ import annotations
@@ -32,12 +40,15 @@ import hmac
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
+
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ..errors import ConfigError
 from ..session.versions import QUERY_TOKEN, RESUME_ENTRY, TOKEN_ENTRY
@@ -50,6 +61,9 @@ TOKEN_PREFIX = "ev1"
 SECRET_QUERY_PARAMS = frozenset({QUERY_TOKEN, "resume", "token"})
 MIN_SECRET_BYTES = 32
 MAX_CREDENTIAL_CHARS = 4096
+#: The latest ``exp`` a token may carry (year 9999): a claim past it is malformed, not a
+#: number to compare (10**400 is a valid JSON integer).
+MAX_EXP = 253_402_300_799
 
 _SUBJECT = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
@@ -140,7 +154,7 @@ def verify_token(secret: bytes, token: str, now: float | None = None) -> Princip
         if not hmac.compare_digest(signature, expected):
             raise AuthError(401, "invalid token signature")
         payload = json.loads(_b64d(parts[1]))
-    except (ValueError, binascii.Error):
+    except (ValueError, binascii.Error, RecursionError):  # RecursionError: claims nested deep
         raise AuthError(401, "malformed token") from None
     if not isinstance(payload, dict):
         raise AuthError(401, "malformed token")
@@ -148,6 +162,7 @@ def verify_token(secret: bytes, token: str, now: float | None = None) -> Princip
     if (
         not isinstance(sub, str)
         or not isinstance(exp, int)
+        or not 0 < exp <= MAX_EXP
         or not isinstance(scp, list)
         or not all(isinstance(s, str) for s in scp)
     ):
@@ -271,17 +286,55 @@ def origin_allowed(origin: str | None, host: str, allowed: Iterable[str]) -> boo
     return ":" not in host.rsplit("]", 1)[-1] and parts.hostname == host.strip("[]")
 
 
-_SECRET_TEXT = re.compile(
-    r"((?:access_token|token|resume)=)[^&\s\"']+"
-    r"|(Bearer\s+)[^\s\"',]+"
-    r"|(edge-vision\.(?:token|resume)\.)[^\s,\"']+",
+# Credentials by their form, whatever surrounds them (a header, a query, a Python repr of
+# the bytes with \x00 escapes, a traceback). Each keeps its first group and loses the rest.
+_BEARER = re.compile(
+    r"(bearer)(?:[\s:=\x00-\x1f]|\\x[0-9a-f]{2}|\\[trnv0])*"
+    r"(?:[^\s\"',;\\]|\\x[0-9a-f]{2}|\\[trnv0])+",
     re.IGNORECASE,
 )
+_AUTHORIZATION = re.compile(r"(authorization[\"']?\s*[:=]?\s*[\"']?)([^\r\n\"']*)", re.IGNORECASE)
+_FORMS = re.compile(
+    r"(\b(?:access_token|token|resume|resume_token|admin_token|token_secret|password)"
+    r"[\"']?\s*[=:]\s*[\"']?)(?!null\b|none\b|~|REDACTED)[^&\s\"',}]+"
+    r"|(edge-vision\.(?:token|resume)\.)[^\s,\"']+"
+    r"|(\bev1\.)[A-Za-z0-9_-]{4,}(?:\.[A-Za-z0-9_-]*)?"
+    r"|(\bevk_)[A-Za-z0-9_-]{8,}"
+    r"|(://[^/@\s:\"']*:)[^@\s/\"']+(?=@)",
+    re.IGNORECASE,
+)
+#: Shortest secret redacted by its value (a shorter one would redact ordinary words).
+MIN_REDACTED_VALUE = 8
+_values_lock = threading.Lock()
+_SECRET_VALUES: frozenset[str] = frozenset()
+
+
+def redact_values(values: Iterable[str | bytes | None]) -> None:
+    """Redact these secrets by their value from now on (the token secret and
+    ``server.admin_token``: held in clear, and of no recognisable form). Values shorter
+    than :data:`MIN_REDACTED_VALUE` characters are not taken."""
+    global _SECRET_VALUES
+    texts = {v.decode(errors="replace") if isinstance(v, bytes) else v for v in values if v}
+    with _values_lock:
+        _SECRET_VALUES = _SECRET_VALUES | {t for t in texts if len(t) >= MIN_REDACTED_VALUE}
+
+
+def _redact_authorization(m: re.Match[str]) -> str:
+    value = m.group(2)
+    if not value.strip() or value.lower().startswith("bearer redacted"):
+        return m.group(0)
+    return m.group(1) + "REDACTED"
 
 
 def redact_text(text: str) -> str:
-    """``text`` with anything that looks like a credential or resume token replaced."""
-    return _SECRET_TEXT.sub(lambda m: (m.group(1) or m.group(2) or m.group(3)) + "REDACTED", text)
+    """``text`` with every credential, resume token and held secret replaced (see the
+    module docstring)."""
+    for value in sorted(_SECRET_VALUES, key=len, reverse=True):
+        if value in text:
+            text = text.replace(value, "REDACTED")
+    text = _BEARER.sub(lambda m: m.group(1) + " REDACTED", text)
+    text = _FORMS.sub(lambda m: next(g for g in m.groups() if g is not None) + "REDACTED", text)
+    return _AUTHORIZATION.sub(_redact_authorization, text)
 
 
 class RedactSecrets(logging.Filter):
@@ -300,8 +353,53 @@ class RedactSecrets(logging.Filter):
         return True
 
 
-def install_log_redaction(logger: logging.Logger | None = None) -> None:
-    """Put :class:`RedactSecrets` on every handler of ``logger`` (the root's by default)."""
+class QuietMalformedRequests(logging.Filter):
+    """A filter on aiohttp's server logger: a request its HTTP parser refused (the peer's
+    fault, before anyone authenticated it) becomes one line, without the request's bytes
+    or a traceback, and at most one such line per ``every_s`` seconds, saying how many
+    came since the last (a flood of them costs a few lines, not one each)."""
+
+    def __init__(self, every_s: float = 10.0, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._clock = clock
+        self._last: float | None = None
+        self._since = 0  # refused requests not logged since the last line
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        with self._lock:
+            now = self._clock()
+            if self._last is not None and now - self._last < self.every_s:
+                self._since += 1
+                return False
+            more, self._since, self._last = self._since, 0, now
+        # aiohttp's message is a reason, then the offending bytes quoted: keep the reason.
+        reason = str(exc.message).split("\n", 1)[0].rstrip(": ") or type(exc).__name__
+        peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        record.msg = (
+            "malformed HTTP request from %s answered %s (%s); %d more since the last such "
+            "line; at most one line every %g s"
+        )
+        record.args = (peer, exc.code, reason, more, self.every_s)
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+def install_log_redaction(
+    logger: logging.Logger | None = None, secrets: Iterable[str | bytes | None] = ()
+) -> None:
+    """Put :class:`RedactSecrets` on every handler of ``logger`` (the root's by default),
+    redact ``secrets`` by value (:func:`redact_values`), and quiet malformed requests on
+    aiohttp's server logger (:class:`QuietMalformedRequests`)."""
+    redact_values(secrets)
     for handler in (logger or logging.getLogger()).handlers:
         if not any(isinstance(f, RedactSecrets) for f in handler.filters):
             handler.addFilter(RedactSecrets())
+    server = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, QuietMalformedRequests) for f in server.filters):
+        server.addFilter(QuietMalformedRequests())

@@ -537,6 +537,8 @@ def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application
     app[KEEPER] = keeper
     app[CONNECTION_CTX] = ConnectionContext(config, pipeline, metrics, keeper, spec.label)
     app[AUTH] = _authenticator(config)
+    # Held in clear, so redacted from every log line by their value (auth.redact_values).
+    auth.redact_values([app[AUTH].token_secret, config.server.admin_token])
     if config.auth.enabled:
         app[FEATURES].append("auth")
     # With server.workers = N each worker holds its share (docs/security.md).

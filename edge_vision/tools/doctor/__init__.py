@@ -110,12 +110,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         engine=args.engine,
         latency=not args.skip_latency,
     )
-    doctor = Doctor(config, options, out=lambda line: print(line, flush=True))
+    # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
+    from ...serve.auth import redact_text, redact_values
+
+    # What it prints and writes holds no secret: server.admin_token by value, the rest by
+    # form (a URL's password, tokens, keys; serve/auth.py).
+    redact_values([config.server.admin_token])
+    doctor = Doctor(config, options, out=lambda line: print(redact_text(line), flush=True))
     checks = doctor.run()
-    print(summary_table(checks))
+    print(redact_text(summary_table(checks)))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        body = json.dumps(report(checks, doctor.config), indent=2, default=str)
+        body = redact_text(json.dumps(report(checks, doctor.config), indent=2, default=str))
         args.json.write_text(body + "\n")
         print(f"report: {args.json}")
     return 1 if any(c.status == FAIL for c in checks) else 0
