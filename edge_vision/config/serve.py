@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import ENV_PREFIX, ENV_TOKEN_SECRET, _Section
 
@@ -78,6 +78,18 @@ class ServerConfig(_Section):
         "worker listens (SO_REUSEPORT) and the kernel picks by a hash of the client's "
         "address, which put 2 cameras on one worker and 8 on another at 64 cameras on 12 "
         "workers (edge_vision/serve/balance.py, docs/benchmarks.md).",
+    )
+    gpu_process: Literal["auto", "on", "off"] = Field(
+        "off",
+        description="One process per GPU owns decode, the engine and post-processing for "
+        "every worker of the node; the workers hand it the frames still compressed through "
+        "shared memory and get the detections back, so it batches across every camera "
+        "(edge_vision/gpu_process/, docs/gpu.md). off, the default until its GPU proof "
+        "lands: each worker runs its own engine, as before. on: always; on a machine "
+        "without a GPU its CPU stand-in (ONNX Runtime and host decode in the same process "
+        "shell). auto: on where engine.kind runs on a GPU. Touch it on a GPU host whose "
+        "many cameras the workers' own GPU contexts cannot carry; each worker then needs "
+        "4 x server.max_message_bytes of /dev/shm (containers: shm_size).",
     )
     ping_interval_s: float = Field(
         20.0, gt=0, description="WebSocket ping period (RFC 6455 5.5.2)."
@@ -152,6 +164,12 @@ class ServerConfig(_Section):
         "on the 2-core machine, under 1 % of a frame's cost on the GPU path "
         "(python -m benchmarks.loop, docs/benchmarks.md).",
     )
+
+    @field_validator("gpu_process", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: object) -> object:
+        """YAML reads a bare on/off as true/false: both mean the words."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _decoded_bytes_follow_pixels(self) -> ServerConfig:

@@ -73,7 +73,9 @@ class NvImgCodecJpeg:
     run at once from different worker threads.
     """
 
-    def __init__(self, torch: Any, device: Any, cpu_threads: int) -> None:
+    def __init__(
+        self, torch: Any, device: Any, cpu_threads: int, backends: Sequence[str] = ("hw", "cuda")
+    ) -> None:
         try:
             self._nv = importlib.import_module("nvidia.nvimgcodec")
         except ImportError as e:
@@ -84,6 +86,9 @@ class NvImgCodecJpeg:
         self._torch = torch
         self.device = device
         self._cpu_threads = cpu_threads
+        # "hw": the hardware JPEG engine, "cuda": the CUDA decoder; the GPU process keeps one
+        # decoder of each, to route frames to whichever has room (gpu_process/route.py).
+        self._backends = tuple(backends)
         nv = self._nv
         self._params = nv.DecodeParams(
             apply_exif_orientation=False,  # as the host decoders and torchvision: raw pixels
@@ -97,8 +102,8 @@ class NvImgCodecJpeg:
             dec = self._decoders.get(stream_id)
             if dec is None:
                 nv = self._nv
-                kinds = (nv.BackendKind.HW_GPU_ONLY, nv.BackendKind.GPU_ONLY)
-                backends = [nv.Backend(kind) for kind in kinds]
+                kind_of = {"hw": nv.BackendKind.HW_GPU_ONLY, "cuda": nv.BackendKind.GPU_ONLY}
+                backends = [nv.Backend(kind_of[b]) for b in self._backends]
                 dec = nv.Decoder(
                     device_id=self.device.index or 0,
                     max_num_cpu_threads=self._cpu_threads,
@@ -160,6 +165,8 @@ class CudaBatchDecoder:
     ``staging``: allocator for the compressed-bytes pool (the CUDA layer's pinned one).
     ``wait`` (``decode.device_wait``): ``host``, the decoder's thread waits for its stream;
     ``stream``, each canvas carries an event the engine's stream waits for on the GPU.
+    ``backends`` (nvImageCodec): ``hw`` the hardware JPEG engine, ``cuda`` the CUDA decoder,
+    tried in that order.
     """
 
     name = "cuda"
@@ -174,6 +181,7 @@ class CudaBatchDecoder:
         library: str = "torchvision",
         cpu_threads: int = 2,
         wait: str = "host",
+        backends: Sequence[str] = ("hw", "cuda"),
     ) -> None:
         cuda = device.startswith("cuda")
         self.wait = wait  # decode.device_wait: who waits for the decoder's stream
@@ -187,7 +195,7 @@ class CudaBatchDecoder:
         self.nvimgcodec: NvImgCodecJpeg | None = None
         if library != "torchvision":
             try:
-                self.nvimgcodec = NvImgCodecJpeg(torch, self.device, cpu_threads)
+                self.nvimgcodec = NvImgCodecJpeg(torch, self.device, cpu_threads, backends)
             except ConfigError as e:
                 if library == "nvimgcodec":
                     raise
@@ -461,6 +469,7 @@ def make_device_decoder(
     library: str = "auto",
     cpu_threads: int = 2,
     wait: str = "host",
+    backends: Sequence[str] = ("hw", "cuda"),
 ) -> CudaBatchDecoder | None:
     """``decode.device``: ``host`` (None), ``cuda`` or ``auto`` (a decoder when torch sees a
     GPU and nvImageCodec or torchvision is there); ``library``: ``decode.device_library``.
@@ -478,6 +487,7 @@ def make_device_decoder(
             library=library,
             cpu_threads=cpu_threads,
             wait=wait,
+            backends=backends,
         )
     except Exception as e:  # noqa: BLE001 - degrade to host decode, said in the log
         if device == "cuda":

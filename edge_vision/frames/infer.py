@@ -50,6 +50,7 @@ class BatchInfo:
     infer_s: float  # engine time for the whole batch
     engine: str
     post_s: float = 0.0  # the batch's post job, which post-processes its frames in turn
+    number: int = 0  # the service's count of batches run: frames with one number ran together
 
 
 class Superseded:
@@ -118,6 +119,7 @@ class InferenceService:
         # numpy release the GIL. Made at start, shut at close.
         self._post: ThreadPoolExecutor | None = None
         self._posting: set[asyncio.Task[None]] = set()
+        self._batches = 0
         self.supervisor = EngineSupervisor(
             spec, config, self, engine_factory=engine_factory, metrics=metrics
         )
@@ -258,6 +260,7 @@ class InferenceService:
                         j.future.set_exception(EngineUnavailable(str(e)))
                 return
         infer_s = time.perf_counter() - t0
+        self._batches += 1
         self.supervisor.used()
         active = self.supervisor.engine.kind if self.supervisor.engine else engine.kind
         if self.metrics is not None:
@@ -266,7 +269,9 @@ class InferenceService:
             )
         # The batch leaves the engine's in-flight count now: its post job runs in a task of
         # its own, so the next batch can take the slot meanwhile.
-        task = asyncio.create_task(self._answer(jobs, outputs, infer_s, active, batch))
+        task = asyncio.create_task(
+            self._answer(jobs, outputs, infer_s, active, batch, self._batches)
+        )
         self._posting.add(task)
         task.add_done_callback(self._posting.discard)
 
@@ -277,6 +282,7 @@ class InferenceService:
         infer_s: float,
         engine: str,
         batch: ReadyBatch[_Job],
+        number: int = 0,
     ) -> None:
         """Post-process the batch's frames in one post job and answer each; whatever goes
         wrong around that job fails every frame still waiting, never leaves one hanging."""
@@ -307,7 +313,8 @@ class InferenceService:
                 job.future.set_exception(failed)
                 continue
             wait_s = max(0.0, batch.dispatched_at - job.submitted)
-            job.future.set_result((value, BatchInfo(len(jobs), wait_s, infer_s, engine, post_s)))
+            info = BatchInfo(len(jobs), wait_s, infer_s, engine, post_s, number)
+            job.future.set_result((value, info))
 
     async def _degrade_and_rerun(
         self, failed: Engine, error: EngineError, jobs: Sequence[_Job]

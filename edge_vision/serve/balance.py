@@ -18,7 +18,7 @@ a worker) to the worker with the fewest clients:
   accepts and hands over.
 * :func:`take_handed` is a worker's side: the handed sockets fed to the app runner's own
   server (``loop.connect_accepted_socket``), so graceful shutdown closes them as it
-  closes any other (the worker's serving shell: ``workers._run_app``).
+  closes any other (the worker's serving shell: ``run_app.run_app``).
 """
 
 from __future__ import annotations

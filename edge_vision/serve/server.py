@@ -37,7 +37,6 @@ from ..config import Config, engine_kinds, session_input_sizes
 from ..engines.choice import engine_choice_of, resolve_engine
 from ..errors import ConfigError, EdgeVisionError, UnsupportedProtocol
 from ..frames.infer import InferenceService
-from ..frames.pipeline import FramePipeline
 from ..model.spec import ModelSpec, load_model_spec
 from ..session import reply
 from ..session.receive import PROTOCOL_VERSION
@@ -64,6 +63,7 @@ from .app_keys import (
     NodeState,
 )
 from .connection import Connection, ConnectionContext, ConnectionDone
+from .gpu_node import GpuNode, frame_path
 from .limits import (
     ConnectionLimits,
     LimitExceeded,
@@ -468,15 +468,16 @@ def _authenticator(config: Config) -> auth.Authenticator:
     return auth.Authenticator(keys, secret)
 
 
-def create_app(config: Config, spec: ModelSpec | None = None) -> web.Application:
-    """Build the application; the engine starts when the app starts."""
+def create_app(
+    config: Config, spec: ModelSpec | None = None, *, gpu_process: GpuNode | None = None
+) -> web.Application:
+    """Build the application; the engine starts when the app starts (gpu_node.py)."""
     config = resolve_engine(config)  # no-op unless engine.kind is auto (run_node resolves)
     logging.getLogger("edge_vision").setLevel(config.logging.level.upper())
     auth.install_log_redaction()  # whoever logs, no line carries a credential
     spec = spec or load_model_spec(config.model)
     metrics = Metrics(engine_kinds())
-    service = InferenceService(spec, config, metrics=metrics)
-    pipeline = FramePipeline(config, service)
+    service, pipeline = frame_path(config, spec, metrics, gpu_process)
     metrics.watch_memory(pipeline.budget, pipeline.pool)
     node_id = _node_id(config)
     app = web.Application(

@@ -47,8 +47,10 @@ from ..config import Config, ServerConfig
 from ..engines.choice import resolve_engine
 from ..errors import ConfigError, ListenFailed
 from .app_keys import CONNECTIONS, METRICS, SERVICE, STARTUP, STATE
-from .balance import Balancer, take_handed
+from .balance import Balancer
+from .gpu_node import GpuNode, start_gpu_processes
 from .listen import bound_port, listen, where_to_connect
+from .run_app import new_event_loop, run_app
 from .server import create_app
 
 log = logging.getLogger(__name__)
@@ -326,12 +328,18 @@ def run_node(config: Config) -> None:
         notifier.record(beat, now)
         notifier.tick(now)
 
-    _serve(
-        config,
-        WorkerReporter(0, on_beat, beat_interval_s(watchdog)),
-        notifier.stop,
-        listeners=listeners,
-    )
+    gpu = start_gpu_processes(config)  # server.gpu_process: before the worker connects
+    try:
+        _serve(
+            config,
+            WorkerReporter(0, on_beat, beat_interval_s(watchdog)),
+            notifier.stop,
+            listeners=listeners,
+            gpu=gpu[1] if gpu else None,
+        )
+    finally:
+        if gpu is not None:
+            gpu[0].stop()
 
 
 def _say_where(config: Config, port: int) -> None:
@@ -349,10 +357,11 @@ def _serve(
     handed_over: socket.socket | None = None,
     on_warm: Callable[[], object] | None = None,
     workers_warm: Callable[[], bool] | None = None,
+    gpu: GpuNode | None = None,
 ) -> None:
 
     _tune_process(config.server)
-    app = create_app(config)
+    app = create_app(config, gpu_process=gpu)
     if workers_warm is not None:
         app[STATE].workers_warm = workers_warm
     app[STATE].on_engine_started = _settle_heap
@@ -363,7 +372,7 @@ def _serve(
             on_stop()
 
         app.on_shutdown.insert(0, say_stopping)  # before frames in flight are awaited
-    _run_app(
+    run_app(
         app,
         new_event_loop(config.server.event_loop),
         listeners=listeners,
@@ -372,83 +381,12 @@ def _serve(
     )
 
 
-def _run_app(
-    app: web.Application,
-    loop: asyncio.AbstractEventLoop,
-    *,
-    listeners: Sequence[socket.socket],
-    handed_over: socket.socket | None,
-    shutdown_timeout: float,
-) -> None:
-    """Serve ``app`` until SIGTERM/SIGINT as aiohttp's ``web.run_app`` does (its runner,
-    graceful shutdown, the loop closed at the end), on the ``listeners`` bound before
-    (:func:`.listen.listen`) or on the connections the main process hands over
-    ``handed_over`` (server.worker_balance), with
-    one difference: the first SIGTERM or SIGINT starts the shutdown and later ones are
-    ignored. A supervisor that signals every process of the node gives each worker two
-    (its own and the one the main process forwards); in ``run_app`` the second raises
-    inside the graceful close and cuts the sessions' 1001 close short."""
-
-    async def main() -> None:
-        stopping = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopping.set)
-        runner = web.AppRunner(
-            app,
-            access_log=None,
-            shutdown_timeout=shutdown_timeout,
-            keepalive_timeout=75.0,  # run_app's; the app's handler_args take precedence
-        )
-        stop_taking: Callable[[], None] | None = None
-        try:
-            await runner.setup()
-            if handed_over is None:
-                for sock in listeners:
-                    await web.SockSite(runner, sock).start()
-            else:
-                server = runner.server
-                if server is None:  # pragma: no cover - setup() made it
-                    raise RuntimeError("the app runner has no server")
-                stop_taking = take_handed(app, server, handed_over, loop)
-            await stopping.wait()
-        finally:
-            if stop_taking is not None:
-                stop_taking()
-            await runner.cleanup()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-                signal.signal(sig, signal.SIG_IGN)  # exiting: a late one must not kill it
-
-    try:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(main())
-    finally:
-        loop.run_until_complete(cancel_and_wait(*asyncio.all_tasks(loop)))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
-        asyncio.set_event_loop(None)
-
-
 def _settle_heap() -> None:
     """Once this process's engine is warm, before it takes a session: freeze the start-up
     heap (memory.py), so the collector's full passes no longer stall every session of the
     process."""
     frozen, ms = freeze_startup_heap()
     log.info("%d start-up objects frozen for the collector (its pass took %.0f ms)", frozen, ms)
-
-
-def new_event_loop(kind: str) -> asyncio.AbstractEventLoop:
-    """A serving process's event loop (``server.event_loop``)."""
-    if kind == "uvloop":
-        try:
-            import uvloop
-        except ImportError as e:
-            raise ConfigError(f"server.event_loop uvloop: pip install uvloop ({e})") from e
-        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    else:
-        loop = asyncio.new_event_loop()
-    log.info("event loop: %s", type(loop).__module__.split(".")[0])
-    return loop
 
 
 def _tune_process(server: ServerConfig) -> None:
@@ -467,6 +405,7 @@ def _worker_main(
     beats: Any,
     beat_s: float,
     handed_over: socket.socket | None = None,
+    gpu: GpuNode | None = None,
 ) -> None:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s %(levelname)s w{index} %(name)s: %(message)s"
@@ -495,6 +434,7 @@ def _worker_main(
         handed_over=handed_over,
         on_warm=warm[index].set,
         workers_warm=lambda: all(e.is_set() for e in warm),
+        gpu=gpu,
     )
 
 
@@ -519,10 +459,12 @@ def _run_workers(config: Config) -> None:
             sock.close()
     _say_where(config, config.server.port)
     ends: list[socket.socket | None] = list(balancer.worker_ends) if balancer else [None] * n
+    gpu = start_gpu_processes(config)  # server.gpu_process: before the workers connect
     procs = [
         ctx.Process(
             target=_worker_main,
             args=(config.model_dump_json(), i, warm, beats, beat_s, ends[i]),
+            kwargs={"gpu": gpu[1].for_worker(i) if gpu else None},
             name=f"w{i}",
         )
         for i in range(n)
@@ -574,6 +516,8 @@ def _run_workers(config: Config) -> None:
             stop_node(signal.SIGTERM)  # one worker died: stop all, let systemd restart it
     for p in procs:
         p.join()
+    if gpu is not None:  # its workers are gone: it stops at once
+        gpu[0].stop()
     if balancer is not None:
         balancer.close()
     notifier.stop()

@@ -1,0 +1,181 @@
+"""The GPU process's frame path: the frame pipeline with its decode split across routes.
+
+:class:`RoutedDecoder` is the :class:`~edge_vision.frames.decode_batch.BatchDecoder` the
+GPU process's :class:`~edge_vision.frames.decode_batch.DecodeBatcher` feeds: each batch of
+JPEGs is split by :func:`~.route.split_batch` between the hardware JPEG engine and the CUDA
+decoder (each a :class:`~edge_vision.frames.decode_gpu.CudaBatchDecoder` with one
+nvImageCodec backend; nvJPEG through torchvision is the CUDA route where nvImageCodec is
+missing) and the host decoders (the pipeline's host path, frames/decode.py, one frame a
+thread of its pool), from how many frames each has queued and how fast each decoded lately.
+
+:class:`GpuSidePipeline` is the frame pipeline the GPU process runs: the same
+:class:`~edge_vision.frames.pipeline.FramePipeline` as a worker's, whose device decoder,
+once a CUDA engine is active, is a :class:`RoutedDecoder`. On the CPU stand-in (ONNX
+Runtime) no device decoder starts and every frame takes the host path, as in a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor, Future
+from typing import Any
+
+from ..common.buffers import Allocator
+from ..engines import Engine
+from ..errors import ClientError
+from ..frames.decode_batch import (
+    BatchDecoder,
+    DecodeRequest,
+    HostBatchDecoder,
+    Outcome,
+    Prepared,
+    device_decodable,
+)
+from ..frames.decode_gpu import make_device_decoder
+from ..frames.pipeline import FramePipeline, worker_count
+from .route import PRIOR_RATES, RateMeter, assign, describe, loads_of, split_batch
+
+log = logging.getLogger(__name__)
+
+
+class RoutedDecoder:
+    """Splits each batch between the device routes and the host (module docstring)."""
+
+    name = "routed"
+
+    def __init__(
+        self,
+        devices: Mapping[str, BatchDecoder],
+        host: HostBatchDecoder,
+        host_pool: Executor,
+        host_threads: int,
+    ) -> None:
+        self.devices = dict(devices)
+        self.host = host
+        self._pool = host_pool
+        self.meters = {r: RateMeter(PRIOR_RATES[r]) for r in self.devices}
+        self.meters["host"] = RateMeter(PRIOR_RATES["host_per_thread"] * max(1, host_threads))
+        self._queued: dict[str, int] = dict.fromkeys(self.meters, 0)
+        self._lock = threading.Lock()
+        self.frames = Counter[str]()  # frames each route decoded (logs, tests)
+
+    @property
+    def device(self) -> Any:
+        first = next(iter(self.devices.values()), None)
+        return getattr(first, "device", "host")
+
+    @property
+    def library(self) -> str:
+        libs = [str(getattr(d, "library", r)) for r, d in self.devices.items()]
+        return "+".join(dict.fromkeys(libs)) + " (routed: " + ", ".join(self.meters) + ")"
+
+    def takes(self, request: DecodeRequest) -> bool:
+        return device_decodable(request)
+
+    def set_staging_allocator(self, allocator: Allocator) -> None:
+        for d in self.devices.values():
+            d.set_staging_allocator(allocator)
+
+    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[Outcome]:
+        n = len(requests)
+        with self._lock:
+            split = split_batch(n, loads_of(self._queued, self.meters))
+            for r, k in split.items():
+                self._queued[r] += k
+        routes = assign(n, split)
+        log.debug("decode split: %s", describe(split))
+        out: list[Outcome | None] = [None] * n
+        t0 = time.perf_counter()
+        host = [
+            (i, self._pool.submit(self.host.decode_one, requests[i]))
+            for i in range(n)
+            if routes[i] == "host"
+        ]
+        try:
+            for route, decoder in self.devices.items():
+                idx = [i for i in range(n) if routes[i] == route]
+                if idx:
+                    self._device_call(route, decoder, requests, idx, out)
+            self._host_results(host, out, t0)
+        finally:
+            with self._lock:
+                for r, k in split.items():
+                    self._queued[r] -= k
+        return [o if o is not None else ClientError("bad_image", "not decoded") for o in out]
+
+    def _device_call(
+        self,
+        route: str,
+        decoder: BatchDecoder,
+        requests: Sequence[DecodeRequest],
+        idx: list[int],
+        out: list[Outcome | None],
+    ) -> None:
+        t0 = time.perf_counter()
+        got = decoder.decode_batch([requests[i] for i in idx])
+        with self._lock:
+            self.meters[route].observe(len(idx), time.perf_counter() - t0)
+            self.frames[route] += len(idx)
+        for i, outcome in zip(idx, got, strict=True):
+            out[i] = outcome
+
+    def _host_results(
+        self, host: list[tuple[int, Future[Prepared]]], out: list[Outcome | None], t0: float
+    ) -> None:
+        for i, fut in host:
+            try:
+                out[i] = fut.result()
+            except ClientError as e:
+                out[i] = e
+        if host:
+            with self._lock:
+                self.meters["host"].observe(len(host), time.perf_counter() - t0)
+                self.frames["host"] += len(host)
+
+
+class GpuSidePipeline(FramePipeline):
+    """The frame pipeline of the GPU process (module docstring)."""
+
+    def _engine_changed(self, engine: Engine) -> None:
+        d = self.config.decode
+        if self.decoding.device is None and engine.accepts_device_frames and d.device != "host":
+            self.decoding.device = self._routed(engine)
+        super()._engine_changed(engine)
+
+    def _routed(self, engine: Engine) -> RoutedDecoder | None:
+        d = self.config.decode
+        allocator = engine.host_allocator()
+        threads = max(1, worker_count(0) // max(1, d.device_streams))
+
+        def one(library: str, backends: tuple[str, ...]) -> BatchDecoder | None:
+            kw: dict[str, Any] = {"staging": allocator} if allocator is not None else {}
+            return make_device_decoder(
+                d.device,
+                self.host_decoder,
+                streams=d.device_streams,
+                library=library,
+                cpu_threads=threads,
+                wait=d.device_wait,
+                backends=backends,
+                **kw,
+            )
+
+        first = one(d.device_library, ("hw",))
+        if first is None:
+            return None
+        devices: dict[str, BatchDecoder] = {}
+        if getattr(first, "library", "") == "nvimgcodec":
+            devices["hw"] = first
+            cuda = one("nvimgcodec", ("cuda",))
+            if cuda is not None:
+                devices["cuda"] = cuda
+        else:  # torchvision's nvJPEG: the CUDA route alone
+            devices["cuda"] = first
+        host_threads = worker_count(d.workers)
+        routed = RoutedDecoder(devices, self.host_decoder, self.executor, host_threads)
+        log.info("GPU process decode routes: %s", ", ".join(routed.meters))
+        return routed

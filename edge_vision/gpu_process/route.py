@@ -1,0 +1,95 @@
+"""Decode where there is capacity: which decoder takes each frame of a batch. Pure.
+
+The GPU process has up to three ways to decode a JPEG: the GPU's hardware JPEG engine
+(nvImageCodec's hardware backend: A100, H100, H200, a Jetson's NVJPG), the GPU's CUDA
+decoder (nvImageCodec's CUDA backend, or nvJPEG through torchvision), and a pool of host
+decoders (libjpeg-turbo, one frame a thread, frames/decode.py). On an H100 the hardware
+engine alone carries about 128 cameras at 30 fps with no headroom (docs/benchmarks.md), so
+each batch is split by :func:`split_batch`: every frame goes to the route where it would be
+done first, from what each route has queued now and how fast it has been decoding
+(:class:`RateMeter`, frames a second, measured per call). An idle hardware engine takes
+everything; once its queue is longer than the other routes would need for the frame, they
+take the overflow, in proportion to their speed. No fixed split is configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+#: The routes, in the order a tie goes (the cheapest for the host first).
+ROUTES = ("hw", "cuda", "host")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteLoad:
+    """One route as the split sees it."""
+
+    queued: int  # frames given to it and not decoded yet
+    rate: float  # frames a second it decodes (measured; a prior until then)
+
+
+def split_batch(frames: int, loads: Mapping[str, RouteLoad]) -> dict[str, int]:
+    """How many of ``frames`` each route in ``loads`` takes: frame by frame, the route
+    whose queue, with what it was given so far and this frame, it would decode soonest
+    (``(queued + given + 1) / rate``); on a tie the earlier in :data:`ROUTES`. A route
+    with no rate takes nothing; with no route at all, ValueError."""
+    usable = [r for r in ROUTES if r in loads and loads[r].rate > 0]
+    usable += [r for r in loads if r not in ROUTES and loads[r].rate > 0]
+    if not usable:
+        raise ValueError("no decode route can take frames")
+    given = dict.fromkeys(loads, 0)
+    for _ in range(frames):
+        best = min(
+            usable,
+            key=lambda r: ((loads[r].queued + given[r] + 1) / loads[r].rate, usable.index(r)),
+        )
+        given[best] += 1
+    return given
+
+
+def assign(frames: int, split: Mapping[str, int]) -> list[str]:
+    """Frame ``i``'s route, for ``split`` taken in :data:`ROUTES` order (the batch's first
+    frames to the hardware engine)."""
+    order = [r for r in ROUTES if r in split] + [r for r in split if r not in ROUTES]
+    routes: list[str] = []
+    for r in order:
+        routes += [r] * split[r]
+    if len(routes) != frames:
+        raise ValueError(f"a split of {len(routes)} frames for {frames}")
+    return routes
+
+
+class RateMeter:
+    """A route's decode rate in frames a second: a prior until its first call, then an
+    exponentially weighted mean of each call's frames over its seconds (the newest call
+    weighs ``weight``)."""
+
+    def __init__(self, prior: float, weight: float = 0.2) -> None:
+        if prior <= 0 or not 0 < weight <= 1:
+            raise ValueError("a rate meter needs a positive prior and 0 < weight <= 1")
+        self.rate = prior
+        self.weight = weight
+        self.calls = 0
+
+    def observe(self, frames: int, seconds: float) -> float:
+        if frames > 0 and seconds > 0:
+            measured = frames / seconds
+            w = 1.0 if self.calls == 0 else self.weight
+            self.rate += w * (measured - self.rate)
+            self.calls += 1
+        return self.rate
+
+
+#: Priors until a route has been measured (docs/benchmarks.md, H100 2026-12-07 and H200
+#: 2026-12-01): the hardware engine ~5,000 frames/s of 1280x720, the CUDA decoder about
+#: as fast while the SMs have room, a host core ~267 (libjpeg-turbo at DCT 1/2).
+PRIOR_RATES = {"hw": 5000.0, "cuda": 3000.0, "host_per_thread": 267.0}
+
+
+def loads_of(queued: Mapping[str, int], meters: Mapping[str, RateMeter]) -> dict[str, RouteLoad]:
+    return {r: RouteLoad(queued.get(r, 0), m.rate) for r, m in meters.items()}
+
+
+def describe(split: Mapping[str, int], routes: Sequence[str] = ROUTES) -> str:
+    return ", ".join(f"{r} {split.get(r, 0)}" for r in routes if r in split)

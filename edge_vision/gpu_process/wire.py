@@ -1,0 +1,227 @@
+"""The control channel between a worker and the GPU process: small binary messages on a
+Unix stream socket. Sans-I/O: what a message is and its bytes; the shells
+(:mod:`.link` in the worker, :mod:`.process` in the GPU process) read and write them.
+
+Each message is ``<u32 body length><u8 type><body>``, little-endian:
+
+* worker → GPU process: ``HELLO`` (the worker's index and pid; its ring's file descriptor
+  rides along as SCM_RIGHTS), ``SUBMIT`` (one frame: where it lies in the ring, its
+  session, whether a newer frame of that session may take its place, the session's
+  settings), ``CANCEL`` (the worker no longer wants that frame's answer);
+* GPU process → worker: ``STATUS`` (its engine's state, JSON, at the start and on each
+  change), ``RESULT`` (one frame's end: its detections, and each box's rotated rectangle
+  when asked; or superseded, cancelled, or the error it earned; with how its stages went).
+
+Pixels never cross: the frame's compressed bytes are in the ring, and only the compact
+result comes back (24 bytes a detection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from .ring import Record
+
+F32Array = npt.NDArray[np.float32]
+
+FRAME: Final = struct.Struct("<IB")
+HELLO: Final = ord("H")
+SUBMIT: Final = ord("S")
+CANCEL: Final = ord("C")
+RESULT: Final = ord("R")
+STATUS: Final = ord("T")
+#: The longest body either side accepts (a result of many boxes with their rectangles).
+MAX_BODY: Final = 16 * 1024 * 1024
+
+_HELLO = struct.Struct("<IIQ")  # worker index, pid, ring bytes
+# seq, record offset, length, stamp, session, confidence, input size (0: the server's),
+# flags, number of classes (then that many u16)
+_SUBMIT = struct.Struct("<QIIIQfHBH")
+_CANCEL = struct.Struct("<Q")
+# seq, outcome, batch size, batch number, timings (decode, shape, queued, batch wait,
+# infer, post: seconds), detections, flags; then N x 6 float32 and, with quads, N x 8
+_RESULT = struct.Struct("<QBHI6fIB")
+_ERROR = struct.Struct("<HH")  # code length, message length; then both, UTF-8
+
+LATEST: Final = 1  # a newer frame of the session may take this one's place
+QUADS: Final = 2  # answer each box's rotated rectangle too (the worker reads text)
+
+Outcome = Literal["ok", "superseded", "cancelled", "error"]
+_OUTCOMES: tuple[Outcome, ...] = ("ok", "superseded", "cancelled", "error")
+
+
+def message(kind: int, body: bytes) -> bytes:
+    return FRAME.pack(len(body), kind) + body
+
+
+async def read_message(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """The next message; raises IncompleteReadError at the end of the stream and
+    ValueError for a body over :data:`MAX_BODY`."""
+    length, kind = FRAME.unpack(await reader.readexactly(FRAME.size))
+    if length > MAX_BODY:
+        raise ValueError(f"a control message of {length} bytes")
+    return kind, await reader.readexactly(length)
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    worker: int
+    pid: int
+    ring_bytes: int
+
+    def encode(self) -> bytes:
+        return message(HELLO, _HELLO.pack(self.worker, self.pid, self.ring_bytes))
+
+    @classmethod
+    def decode(cls, body: bytes) -> Hello:
+        return cls(*_HELLO.unpack(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    seq: int  # the worker's number for this frame, unique while it is in flight
+    record: Record
+    session: int  # the worker's number for the session: superseding and fair turns
+    latest: bool
+    quads: bool
+    confidence: float
+    input_size: int | None
+    classes: frozenset[int] | None
+
+    def encode(self) -> bytes:
+        classes = sorted(self.classes) if self.classes is not None else []
+        flags = (LATEST if self.latest else 0) | (QUADS if self.quads else 0)
+        flags |= 4 if self.classes is not None else 0
+        r = self.record
+        head = _SUBMIT.pack(
+            self.seq,
+            r.offset,
+            r.length,
+            r.stamp,
+            self.session,
+            self.confidence,
+            self.input_size or 0,
+            flags,
+            len(classes),
+        )
+        return message(SUBMIT, head + struct.pack(f"<{len(classes)}H", *classes))
+
+    @classmethod
+    def decode(cls, body: bytes) -> Submit:
+        seq, off, length, stamp, session, conf, size, flags, n = _SUBMIT.unpack_from(body)
+        classes = struct.unpack_from(f"<{n}H", body, _SUBMIT.size)
+        return cls(
+            seq,
+            Record(off, length, stamp),
+            session,
+            bool(flags & LATEST),
+            bool(flags & QUADS),
+            conf,
+            size or None,
+            frozenset(classes) if flags & 4 else None,
+        )
+
+
+def cancel(seq: int) -> bytes:
+    return message(CANCEL, _CANCEL.pack(seq))
+
+
+def decode_cancel(body: bytes) -> int:
+    return int(_CANCEL.unpack(body)[0])
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimes:
+    """How a frame's stages went in the GPU process, in seconds."""
+
+    decode_s: float = 0.0
+    shape_s: float = 0.0
+    queued_s: float = 0.0  # waiting in the GPU process's queue before its decode
+    batch_wait_s: float = 0.0
+    infer_s: float = 0.0
+    post_s: float = 0.0
+    batch_size: int = 0
+    batch: int = 0  # the engine batch's number: frames with the same one ran together
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    seq: int
+    outcome: Outcome
+    detections: F32Array
+    quads: F32Array | None = None
+    times: StageTimes = StageTimes()
+    error_code: str = ""
+    error_message: str = ""
+
+    def encode(self) -> bytes:
+        t = self.times
+        dets = np.ascontiguousarray(self.detections, dtype="<f4").reshape(-1, 6)
+        quads = self.quads
+        head = _RESULT.pack(
+            self.seq,
+            _OUTCOMES.index(self.outcome),
+            t.batch_size,
+            t.batch,
+            t.decode_s,
+            t.shape_s,
+            t.queued_s,
+            t.batch_wait_s,
+            t.infer_s,
+            t.post_s,
+            len(dets),
+            quads is not None,
+        )
+        parts = [head, dets.tobytes()]
+        if quads is not None:
+            parts.append(np.ascontiguousarray(quads, dtype="<f4").reshape(-1, 8).tobytes())
+        if self.outcome == "error":
+            code, text = self.error_code.encode(), self.error_message.encode()[:4000]
+            parts += [_ERROR.pack(len(code), len(text)), code, text]
+        return message(RESULT, b"".join(parts))
+
+    @classmethod
+    def decode(cls, body: bytes) -> Result:
+        seq, outcome, size, batch, dec, shape, queued, wait, infer, post, n, has_quads = (
+            _RESULT.unpack_from(body)
+        )
+        at = _RESULT.size
+        dets = np.frombuffer(body, "<f4", n * 6, at).reshape(n, 6).astype(np.float32)
+        at += n * 24
+        quads = None
+        if has_quads:
+            quads = np.frombuffer(body, "<f4", n * 8, at).reshape(n, 4, 2).astype(np.float32)
+            at += n * 32
+        code = text = ""
+        if _OUTCOMES[outcome] == "error":
+            lc, lt = _ERROR.unpack_from(body, at)
+            at += _ERROR.size
+            code = body[at : at + lc].decode()
+            text = body[at + lc : at + lc + lt].decode(errors="replace")
+        return cls(
+            seq,
+            _OUTCOMES[outcome],
+            dets,
+            quads,
+            StageTimes(dec, shape, queued, wait, infer, post, size, batch),
+            code,
+            text,
+        )
+
+
+def status(state: dict[str, Any]) -> bytes:
+    return message(STATUS, json.dumps(state).encode())
+
+
+def decode_status(body: bytes) -> dict[str, Any]:
+    value = json.loads(body)
+    if not isinstance(value, dict):
+        raise ValueError("a status message that is not an object")
+    return value
