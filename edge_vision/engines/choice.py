@@ -17,6 +17,7 @@ of derived values and their rules: docs/configuration.md, "What engine.kind: aut
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -154,7 +155,20 @@ def mps_pipe_dir(env: Mapping[str, str]) -> Path | None:
 
 
 def probe_machine(env: Mapping[str, str] | None = None) -> Machine:
-    """This machine, read without importing torch or TensorRT or touching CUDA."""
+    """This machine, read without importing torch or TensorRT or touching CUDA; read once a
+    process for the process's own environment (it reads files and may run nvidia-smi:
+    the entry points call it before their event loop starts)."""
+    if env is None:
+        return _this_machine()
+    return _read_machine(env)
+
+
+@functools.cache
+def _this_machine() -> Machine:
+    return _read_machine(os.environ)
+
+
+def _read_machine(env: Mapping[str, str]) -> Machine:
     return Machine(
         gpu=_gpu_name(),
         jetson=JETSON_RELEASE.exists(),
@@ -162,7 +176,7 @@ def probe_machine(env: Mapping[str, str] | None = None) -> Machine:
         torch_cuda=_torch_cuda(),
         cuda_binding=_installed("cuda.bindings") or _installed("cuda") or _installed("pycuda"),
         triton=_installed("triton"),
-        mps=mps_pipe_dir(os.environ if env is None else env) is not None,
+        mps=mps_pipe_dir(env) is not None,
         cores=os.cpu_count() or 1,
     )
 

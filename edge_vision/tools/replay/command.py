@@ -173,6 +173,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     config = config_from_args(args)
     setup_logging(config.logging.level)
+    if not opts.url:  # in process: the engine serve would run here, chosen before the loop
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
+        from ...engines.choice import resolve_engine
+
+        config = resolve_engine(config)
     summary, code = asyncio.run(replay(opts, config))
     print(format_summary(summary), flush=True)
     if opts.summary_json is not None:
