@@ -639,7 +639,7 @@ function main() {
   ui.reconnect.addEventListener("click", () => connection.reconnectNow());
   document.addEventListener("keydown", onKey);
 
-  new ResizeObserver(requestRender).observe(ui.stage);
+  new ResizeObserver(onStageResized).observe(ui.stage);
   ui.video.addEventListener("resize", onPictureSize);
   ui.video.addEventListener("loadedmetadata", onPictureSize);
   ui.image.addEventListener("load", onPictureSize);
@@ -670,6 +670,13 @@ function main() {
       "source",
     );
   }
+}
+
+// The stage's height, for the phone portrait layout, where the picture stays at the top
+// while the page scrolls under it: a control scrolled into view stays clear of it (style.css).
+function onStageResized() {
+  document.documentElement.style.setProperty("--stage-h", `${ui.stage.offsetHeight}px`);
+  requestRender();
 }
 
 // The phone portrait layout sizes the stage to the picture's aspect ratio (style.css).
