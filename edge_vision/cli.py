@@ -21,12 +21,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     setup_logging(config.logging.level)
     # The engine choice and the server's imports (~1 s) only when serving, not for --help.
-    from .engines.choice import resolve_engine
+    from .engines.choice import describe_choice, resolve_engine
     from .serve.auth import redact_text, redact_values
     from .serve.workers import run_node
 
-    config = resolve_engine(config)  # engine.kind auto: this machine's engine, said once
+    config = resolve_engine(config)  # engine.kind auto: said once the port is bound
     if args.print_config:
+        log.info(describe_choice(config))
         # Secrets shown as REDACTED: server.admin_token by value, a URL's password by form.
         redact_values([config.server.admin_token])
         sys.stdout.write(redact_text(dump_config(config)))

@@ -249,8 +249,8 @@ def derived_values(
 def resolve_engine(config: Config, machine: Machine | None = None) -> Config:
     """``config`` with ``engine.kind: auto`` made the engine this machine runs and, on a
     GPU, what that engine implies; a config with an explicit kind comes back as it is.
-    How it was decided is kept for the start-up log, ``/readyz`` and ``doctor``
-    (:func:`engine_choice_of`)."""
+    How it was decided is kept for the start-up log (:func:`describe_choice`, said once the
+    node's port is bound), ``/readyz`` and ``doctor`` (:func:`engine_choice_of`)."""
     if config.engine.kind != "auto":
         return config
     machine = probe_machine() if machine is None else machine
@@ -261,15 +261,16 @@ def resolve_engine(config: Config, machine: Machine | None = None) -> Config:
         _assign(resolved, key, value)
     shown = {k: str(v) if isinstance(v, Path) else v for k, v in derived.items()}
     resolved._engine_choice = {**choice.describe(), "derived": shown}
-    log.info(
-        "engine.kind auto: %s (%s)%s",
-        choice.kind,
-        choice.reason,
-        "; derived " + ", ".join(f"{k}={v}" for k, v in shown.items() if k != "engine.kind")
-        if len(shown) > 1
-        else "",
-    )
     return resolved
+
+
+def describe_choice(config: Config) -> str:
+    """One line: the engine and why, and what ``auto`` derived (the start-up log's)."""
+    choice = engine_choice_of(config)
+    derived = {k: v for k, v in (choice.get("derived") or {}).items() if k != "engine.kind"}
+    head = "engine.kind auto" if config._engine_choice is not None else "engine.kind"
+    tail = "; derived " + ", ".join(f"{k}={v}" for k, v in derived.items()) if derived else ""
+    return f"{head}: {choice['kind']} ({choice['reason']}){tail}"
 
 
 def engine_choice_of(config: Config) -> dict[str, Any]:

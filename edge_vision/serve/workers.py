@@ -44,7 +44,7 @@ from ..common import systemd
 from ..common.aio import cancel_and_wait, with_timeout
 from ..common.memory import fix_mmap_threshold, freeze_startup_heap
 from ..config import Config, ServerConfig
-from ..engines.choice import resolve_engine
+from ..engines.choice import describe_choice, resolve_engine
 from ..errors import ConfigError, ListenFailed
 from .app_keys import CONNECTIONS, METRICS, SERVICE, STARTUP, STATE
 from .balance import Balancer
@@ -345,6 +345,7 @@ def run_node(config: Config) -> None:
 def _say_where(config: Config, port: int) -> None:
     """Once per node, when its port is bound: where to connect, and who may."""
     server = config.server
+    log.info(describe_choice(config))
     log.info(where_to_connect(server.host, port, config.auth.enabled, socket.gethostname()))
 
 
