@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(serve)
     defaults = ServerConfig.model_fields
     serve.add_argument(
-        "--host", help=f"listen address (server.host; default: {defaults['host'].default})"
+        "--host",
+        help="listen address (server.host; default: 127.0.0.1, this machine only, while auth "
+        "is off; 0.0.0.0 with auth on)",
     )
     serve.add_argument(
         "--port", type=int, help=f"listen port (server.port; default: {defaults['port'].default})"

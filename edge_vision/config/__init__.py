@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
 from ..errors import ConfigError
 from .base import ENV_CONFIG_FILE, ENV_PREFIX, ENV_TOKEN_SECRET, _Section
@@ -98,6 +98,14 @@ class Config(_Section):
     #: How ``engine.kind: auto`` was resolved on this machine (edge_vision/engines/choice.py):
     #: kind, reason and the values it derived; None while unresolved or when set by hand.
     _engine_choice: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _listen_where_auth_allows(self) -> Config:
+        """An unset ``server.host``: this machine only while auth is off (a demo is not
+        on the network), every interface with auth on (docs/security.md)."""
+        if self.server.host is None:
+            self.server.host = "0.0.0.0" if self.auth.enabled else "127.0.0.1"
+        return self
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,7 +11,20 @@ from .base import ENV_PREFIX, ENV_TOKEN_SECRET, _Section
 
 
 class ServerConfig(_Section):
-    host: str = Field("0.0.0.0", description="Address to listen on.")
+    host: str | None = Field(
+        None,
+        description="Address to listen on. Unset: 127.0.0.1 (this machine only) while "
+        "auth.enabled is off, so the demo is not on the network; 0.0.0.0 (every interface) "
+        "with auth on. Set 0.0.0.0 to let other machines connect (turn auth on first: "
+        "docs/security.md).",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names this node answers /ws, /metrics and /api/* to while auth is "
+        "off, besides IP addresses, localhost and this machine's own name: a page whose "
+        "name resolves to the node (DNS rebinding) is refused. '*' allows any. With auth "
+        "on the credential decides and this is not checked.",
+    )
     port: int = Field(8080, ge=0, le=65535, description="TCP port; 0 picks a free one.")
     max_message_bytes: int = Field(
         8 * 1024 * 1024,

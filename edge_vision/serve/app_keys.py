@@ -59,3 +59,5 @@ TRUSTED_PROXIES = web.AppKey("trusted_proxies", list[IPNetwork])
 PENALTIES = web.AppKey("penalties", PenaltyBox)
 #: Per request: the client address the limits count (limits.client_address).
 ADDRESS = web.RequestKey("address", str)
+#: Names a Host may carry while auth is off, besides addresses and localhost (exposure.py).
+HOST_NAMES = web.AppKey("host_names", frozenset[str])

@@ -140,9 +140,25 @@ def where_to_connect(host: str | None, port: int, auth_enabled: bool, hostname: 
             "authentication is ON (auth.enabled): /ws needs an API key or a token "
             "from 'edge-vision token'; see docs/security.md"
         )
+    elif _loopback(shown):
+        posture = (
+            "authentication is OFF, so only this machine can connect; to let other "
+            "machines in, turn auth on (docs/security.md) and set server.host: 0.0.0.0 "
+            "(--host 0.0.0.0)"
+        )
     else:
         posture = (
             "authentication is OFF: anyone who can reach this port can stream; "
             "see docs/security.md to turn it on"
         )
     return f"serving on {where}; {posture}"
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -51,6 +51,7 @@ from .app_keys import (
     CONNECTION_CTX,
     CONNECTIONS,
     FEATURES,
+    HOST_NAMES,
     KEEPER,
     LIMITS,
     METRICS,
@@ -63,6 +64,7 @@ from .app_keys import (
     NodeState,
 )
 from .connection import Connection, ConnectionContext, ConnectionDone
+from .exposure import check_exposure, node_names
 from .gpu_node import GpuNode, frame_path
 from .limits import (
     ConnectionLimits,
@@ -105,8 +107,10 @@ def _refused(err: auth.AuthError) -> web.HTTPException:
 def _authenticate(request: web.Request, scope: auth.Scope) -> auth.Principal:
     """Who is asking, with ``scope`` required; raises 401/403. With auth off everyone is
     :data:`~edge_vision.serve.auth.ANONYMOUS` (all scopes), except that a configured
-    ``server.admin_token`` still guards the admin scope."""
+    ``server.admin_token`` still guards the admin scope. First, what a page on another
+    site may send is refused: a foreign Origin, two of them, DNS rebinding (exposure.py)."""
     cfg = request.app[CONFIG]
+    check_exposure(request.headers, request.host, cfg, request.app[HOST_NAMES])
     shown = auth.presented(request.headers, request.query if cfg.auth.allow_query_token else {})
     admin_token = cfg.server.admin_token
     if (
@@ -230,11 +234,8 @@ async def ws_entry(request: web.Request) -> web.StreamResponse:
     and other clients can tell "not authorised" from "full" (docs/protocol.md, "Refusals")."""
     app = request.app
     cfg = app[CONFIG]
-    # Cross-site WebSocket hijacking (RFC 6455 section 10.2): judged before credentials,
-    # so a foreign page learns nothing about them.
-    origin = request.headers.get("Origin")
-    if not auth.origin_allowed(origin, request.host, cfg.auth.allowed_origins):
-        raise web.HTTPForbidden(text="forbidden: origin not allowed (auth.allowed_origins)\n")
+    # Cross-site WebSocket hijacking (RFC 6455 section 10.2) and DNS rebinding: judged
+    # before credentials, so a foreign page learns nothing about them (_authenticate).
     principal = _authenticate(request, "stream")
     request[PRINCIPAL] = principal
     request[RESUME] = auth.presented(request.headers, {}).resume_token
@@ -551,6 +552,7 @@ def create_app(
         ).for_workers(config.server.workers)
     )
     app[TRUSTED_PROXIES] = parse_networks(config.limits.trusted_proxies)
+    app[HOST_NAMES] = node_names(config)
     app[PENALTIES] = PenaltyBox(
         config.limits.slow_client_strikes, config.limits.slow_client_penalty_s
     )

@@ -104,9 +104,11 @@ def test_every_option_of_every_subcommand_has_help() -> None:
 def test_serve_help_says_where_it_listens_by_default() -> None:
     out = run("serve", "--help").stdout
     flat = " ".join(out.split())  # argparse wraps lines where it likes
-    host = ServerConfig.model_fields["host"].default
     port = ServerConfig.model_fields["port"].default
-    assert f"--host HOST listen address (server.host; default: {host})" in flat
+    assert (
+        "--host HOST listen address (server.host; default: 127.0.0.1, this machine only, "
+        "while auth is off; 0.0.0.0 with auth on)"
+    ) in flat
     assert f"--port PORT listen port (server.port; default: {port})" in flat
 
 

@@ -130,7 +130,7 @@ def get(url: str) -> tuple[int, str]:
         return r.status, r.read().decode(errors="replace")
 
 
-def test_the_start_up_log_says_where_to_connect_and_that_anyone_may(tmp_path: Path) -> None:
+def test_the_start_up_log_says_where_to_connect_and_how_to_open_it_up(tmp_path: Path) -> None:
     port = free_port()
     server = ServerProcess(port=port, log_path=tmp_path / "serve.log")
     server.start()
@@ -139,8 +139,9 @@ def test_the_start_up_log_says_where_to_connect_and_that_anyone_may(tmp_path: Pa
         [line] = connect_lines(server.log())
         assert line == (
             f"serving on http://127.0.0.1:{port} (the page) and ws://127.0.0.1:{port}/ws; "
-            "authentication is OFF: anyone who can reach this port can stream; "
-            "see docs/security.md to turn it on"
+            "authentication is OFF, so only this machine can connect; to let other machines "
+            "in, turn auth on (docs/security.md) and set server.host: 0.0.0.0 "
+            "(--host 0.0.0.0)"
         )
         # The URLs it names are the page and the WebSocket.
         page, ws = re.findall(r"(?:http|ws)://[^ ;]+", line)

@@ -95,18 +95,20 @@ async def handshake(
     host: str = "127.0.0.1",
     timeout: float = 10,
 ) -> RawSocket:
-    """Open a TCP connection and send a WebSocket upgrade; the answer's status and headers
-    (the socket is a WebSocket only when the status is 101)."""
+    """Open a TCP connection and send a WebSocket upgrade (``headers`` may replace Host);
+    the answer's status and headers (the socket is a WebSocket only when it is 101)."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), T(timeout))
     key = base64.b64encode(os.urandom(16)).decode()
+    extra = headers or []
+    own_host = [] if any(k.lower() == "host" for k, _ in extra) else [f"Host: {host}:{port}"]
     lines = [
         f"GET {path} HTTP/1.1",
-        f"Host: {host}:{port}",
+        *own_host,
         "Upgrade: websocket",
         "Connection: Upgrade",
         f"Sec-WebSocket-Key: {key}",
         "Sec-WebSocket-Version: 13",
-        *(f"{k}: {v}" for k, v in headers or []),
+        *(f"{k}: {v}" for k, v in extra),
     ]
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
     raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), T(timeout))
