@@ -20,6 +20,13 @@ What aiohttp leaves to us, and this module does:
   (``autoclose`` is off so that the answer is ours, not aiohttp's 1000).
 * **1007 for invalid UTF-8** (section 8.1): ``decode_text`` is off (frames are parsed as
   bytes, without a str copy), so text is validated here (:func:`is_valid_utf8`).
+* **1002 for an unmasked frame** (section 5.1: a server MUST close the connection upon a
+  client frame that is not masked). aiohttp's C and pure-Python readers both accept one;
+  :class:`MaskedFramesOnly` sits in front of either and follows the frame headers
+  (section 5.2) without touching the payload, so the check costs a few operations a
+  frame. It reaches aiohttp's parser through two private attributes of its request
+  handler, so pyproject.toml pins aiohttp below 3.15 and :func:`mask_check_supported` says
+  when a release lacks them (the node then logs once that the check is off).
 * **A close that ends.** aiohttp closes the TCP socket with ``transport.close()``, which
   waits for asyncio's buffer to reach the kernel: for a client that never reads, forever,
   with the socket established and its send queue full. :class:`ServerWebSocket` closes
@@ -41,8 +48,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from aiohttp import WSMsgType, web
+import aiohttp
+from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_websocket import WebSocketError
+from aiohttp.web_protocol import RequestHandler
 
 from ..common.close_codes import CloseCode
 from ..config import ServerConfig
@@ -76,6 +86,72 @@ def is_valid_utf8(data: bytes | str) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def mask_check_supported() -> bool:
+    """Whether this aiohttp's request handler has what :class:`MaskedFramesOnly` needs:
+    the parser it feeds a WebSocket's bytes to, and the bytes that came with the upgrade
+    request (checked for the 3.14 series, tests/integration/test_unmasked_frames.py)."""
+    slots = getattr(RequestHandler, "__slots__", ())
+    return "_payload_parser" in slots and "_message_tail" in slots
+
+
+class MaskedFramesOnly:
+    """In front of aiohttp's WebSocket reader: follows each frame's header (RFC 6455
+    section 5.2: 2 bytes, 0, 2 or 8 of length, 4 of mask key when masked) and skips its
+    payload; at the first frame without the mask bit, fails the connection with 1002
+    (its reader's queue gets the error, as when aiohttp's own parser fails), and reads
+    nothing more."""
+
+    __slots__ = ("_fail", "_head", "_inner", "_skip", "failed")
+
+    def __init__(self, inner: Any, fail: Callable[[], None]) -> None:
+        self._inner = inner
+        self._fail = fail
+        self._head = b""  # a frame header not complete yet
+        self._skip = 0  # payload bytes of the current frame still to come
+        self.failed = False
+
+    def masked(self, data: bytes) -> bool:
+        """Follow ``data``; False at the first unmasked frame."""
+        i, n = 0, len(data)
+        while i < n:
+            if self._skip:
+                step = min(self._skip, n - i)
+                self._skip -= step
+                i += step
+                continue
+            need = 2
+            head = self._head + data[i : i + 14 - len(self._head)]
+            if len(head) >= 2:
+                if not head[1] & 0x80:
+                    return False
+                size = head[1] & 0x7F
+                need = 2 + (2 if size == 126 else 8 if size == 127 else 0) + 4
+            if len(head) < need:  # the rest of the header comes in a later chunk
+                self._head = head
+                return True
+            if size == 126:
+                size = struct.unpack_from(">H", head, 2)[0]
+            elif size == 127:
+                size = struct.unpack_from(">Q", head, 2)[0]
+            i += need - len(self._head)
+            self._head = b""
+            self._skip = size
+        return True
+
+    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        if self.failed:
+            return True, b""
+        if not self.masked(bytes(data)):
+            self.failed = True
+            self._fail()
+            return True, b""  # the handler stops reading; aiohttp sends the close code
+        result: tuple[bool, bytes] = self._inner.feed_data(data)
+        return result
+
+    def feed_eof(self) -> None:
+        self._inner.feed_eof()
 
 
 def unsent_bytes(transport: asyncio.BaseTransport) -> int:
@@ -129,6 +205,7 @@ class ServerWebSocket(web.WebSocketResponse):
         self.on_abort = on_abort  # called with the bytes dropped when a close is reset
         self._closing_transport: asyncio.BaseTransport | None = None
         self._settled: asyncio.Future[None] | None = None
+        self.unmasked = False  # the client sent a frame without a mask (closed with 1002)
         self._request: web.BaseRequest | None = None
         self._first_close_code: int | None = None
         self._linger_until: float | None = None
@@ -147,6 +224,33 @@ class ServerWebSocket(web.WebSocketResponse):
             raise
         self._handshake_done = True
         return writer
+
+    def _post_start(self, request: web.BaseRequest, protocol: str | None, writer: Any) -> None:
+        # The bytes that came with the upgrade request are fed to aiohttp's parser inside
+        # _post_start, before the check can stand in front of it: they are checked first.
+        handler = request.protocol
+        if not _MASK_CHECK:
+            super()._post_start(request, protocol, writer)
+            return
+        check = MaskedFramesOnly(None, self._unmasked_frame)
+        early_ok = check.masked(bytes(getattr(handler, "_message_tail", b"")))
+        super()._post_start(request, protocol, writer)
+        parser = getattr(handler, "_payload_parser", None)
+        if parser is None:
+            return  # the connection is already gone
+        check._inner = parser
+        handler._payload_parser = check
+        if not early_ok:
+            check.failed = True
+            self._unmasked_frame()
+
+    def _unmasked_frame(self) -> None:
+        """Fail the connection (RFC 6455 section 7.1.7) the way aiohttp fails it for a
+        frame its own parser refuses: the error in the reader's queue, then 1002."""
+        self.unmasked = True
+        error = WebSocketError(WSCloseCode.PROTOCOL_ERROR, "client frame is not masked")
+        if self._reader is not None:
+            self._reader.set_exception(error)
 
     async def close(
         self, *, code: int = CloseCode.NORMAL, message: bytes = b"", drain: bool = True
@@ -239,6 +343,15 @@ class ServerWebSocket(web.WebSocketResponse):
         transport = self._request.transport
         if transport is not None:
             transport.close()
+
+
+_MASK_CHECK = mask_check_supported()
+if not _MASK_CHECK:  # pragma: no cover - an aiohttp outside the pinned range
+    log.warning(
+        "aiohttp %s: unmasked client frames cannot be refused with 1002 (RFC 6455 5.1); "
+        "install the range pyproject.toml pins",
+        aiohttp.__version__,
+    )
 
 
 def websocket_response(

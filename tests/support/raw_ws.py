@@ -94,6 +94,7 @@ async def handshake(
     *,
     host: str = "127.0.0.1",
     timeout: float = 10,
+    then: bytes = b"",
 ) -> RawSocket:
     """Open a TCP connection and send a WebSocket upgrade (``headers`` may replace Host);
     the answer's status and headers (the socket is a WebSocket only when it is 101)."""
@@ -110,7 +111,8 @@ async def handshake(
         "Sec-WebSocket-Version: 13",
         *(f"{k}: {v}" for k, v in extra),
     ]
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+    # ``then``: bytes sent with the request, before the answer (frames in the same packet)
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + then)
     raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), T(timeout))
     status_line, *header_lines = raw.decode("latin-1").split("\r\n")
     status = int(status_line.split()[1])
