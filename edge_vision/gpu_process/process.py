@@ -321,7 +321,9 @@ class GpuProcess:
         finally:
             if worker is not None:
                 self.worker_gone(worker)
-            conn.close()
+                worker.writer.close()  # and the socket under it
+            else:
+                conn.close()
 
     # -- running ---------------------------------------------------------------------
 
@@ -334,13 +336,7 @@ class GpuProcess:
         """Listen on ``path``, start the engine, serve until ``stop`` is set and the
         workers are gone (or ``server.shutdown_grace_s`` + 2 s after ``stop``)."""
         stop = stop or asyncio.Event()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        listener.bind(path)
-        os.chmod(path, 0o600)
-        listener.listen(256)
-        listener.setblocking(False)
+        listener = await asyncio.to_thread(_listen, path)
         background = [
             asyncio.create_task(self._accept(listener), name="gpu-accept"),
             asyncio.create_task(self._heartbeat(beat, stop), name="gpu-beat"),
@@ -352,6 +348,7 @@ class GpuProcess:
                 self.startup_error = f"engine failed to start: {e}"
                 log.error("GPU process: %s", self.startup_error)
             self._broadcast_if_changed()
+            self._beat(beat)  # ready now, for the supervisor too: not at the next beat
             log.info("GPU process ready: %s", _said(self.status()))
             await stop.wait()
             if self.workers:  # they stop first, finishing their frames in flight
@@ -359,10 +356,14 @@ class GpuProcess:
         finally:
             await cancel_and_wait(*background, *self._tasks)
             listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            await asyncio.to_thread(_unlink, path)
             await self.service.close()
             await self.pipeline.close()
+
+    def _beat(self, beat: MutableSequence[float] | None) -> None:
+        if beat is not None:
+            ready = float(self.status()["ready"])
+            beat[0], beat[1], beat[2] = time.monotonic(), ready, float(os.getpid())
 
     async def _heartbeat(
         self, beat: MutableSequence[float] | None, stop: asyncio.Event | None = None
@@ -374,12 +375,28 @@ class GpuProcess:
             if stop is not None and os.getppid() != parent and not stop.is_set():
                 log.error("the node's main process is gone; stopping")  # killed: no orphan
                 stop.set()
-            if beat is not None:
-                beat[0], beat[1], beat[2] = now, float(self.status()["ready"]), float(os.getpid())
+            self._beat(beat)
             if now >= next_status:
                 next_status = now + STATUS_EVERY_S
                 self._broadcast_if_changed()
             await asyncio.sleep(BEAT_S if beat is not None else STATUS_EVERY_S)
+
+
+def _listen(path: str) -> socket.socket:
+    """The GPU process's socket, the service user's alone (in the supervisor's 0700
+    folder, and 0600 itself)."""
+    _unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(256)
+    listener.setblocking(False)
+    return listener
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 async def _drain_if_full(writer: asyncio.StreamWriter) -> None:

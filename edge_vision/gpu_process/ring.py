@@ -149,14 +149,14 @@ class Segment:
     @classmethod
     def attach(cls, fd: int, name: str = "") -> Segment:
         """The segment behind ``fd`` (handed over by its worker), mapped read-only; raises
-        ValueError when it is not a ring."""
+        ValueError when it is not a ring (``fd`` is then still the caller's)."""
         size = os.fstat(fd).st_size
         if size < SEGMENT_HEADER_BYTES:
             raise ValueError("not a hand-off ring: too small")
         segment = cls(fd, size, name, writable=False)
         magic, data = _SEGMENT_HEADER.unpack_from(segment.map, 0)
         if magic != MAGIC or data != size - SEGMENT_HEADER_BYTES:
-            segment.close()
+            segment.map.close()  # the descriptor stays the caller's to close
             raise ValueError("not a hand-off ring: wrong header")
         return segment
 

@@ -5,11 +5,11 @@ The GPU process has up to three ways to decode a JPEG: the GPU's hardware JPEG e
 decoder (nvImageCodec's CUDA backend, or nvJPEG through torchvision), and a pool of host
 decoders (libjpeg-turbo, one frame a thread, frames/decode.py). On an H100 the hardware
 engine alone carries about 128 cameras at 30 fps with no headroom (docs/benchmarks.md), so
-each batch is split by :func:`split_batch`: every frame goes to the route where it would be
-done first, from what each route has queued now and how fast it has been decoding
-(:class:`RateMeter`, frames a second, measured per call). An idle hardware engine takes
-everything; once its queue is longer than the other routes would need for the frame, they
-take the overflow, in proportion to their speed. No fixed split is configured.
+each batch is split by :func:`split_batch` from what each route has queued now and how fast
+it has been decoding (:class:`RateMeter`, frames a second, measured per call): the hardware
+engine takes every frame it would get to within :data:`SPILL_AFTER_S`; beyond that backlog
+each frame goes where it would be done first, so the CUDA decoder and the host take the
+overflow in proportion to their speed. No fixed split is configured.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 #: The routes, in the order a tie goes (the cheapest for the host first).
 ROUTES = ("hw", "cuda", "host")
+#: The hardware engine takes every frame it would get to within this long (about one
+#: engine batch at 128 cameras): an overflow beyond it spills to the other routes.
+SPILL_AFTER_S = 0.010
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,21 +32,30 @@ class RouteLoad:
     rate: float  # frames a second it decodes (measured; a prior until then)
 
 
-def split_batch(frames: int, loads: Mapping[str, RouteLoad]) -> dict[str, int]:
-    """How many of ``frames`` each route in ``loads`` takes: frame by frame, the route
-    whose queue, with what it was given so far and this frame, it would decode soonest
-    (``(queued + given + 1) / rate``); on a tie the earlier in :data:`ROUTES`. A route
-    with no rate takes nothing; with no route at all, ValueError."""
+def split_batch(
+    frames: int, loads: Mapping[str, RouteLoad], spill_after_s: float = SPILL_AFTER_S
+) -> dict[str, int]:
+    """How many of ``frames`` each route in ``loads`` takes, frame by frame: the first
+    route in :data:`ROUTES` order (the hardware engine: it costs neither the SMs the
+    engine needs nor host cores) while it would get to the frame within ``spill_after_s``
+    (``(queued + given + 1) / rate``); past that, the route that would be done with it
+    first, the earlier in :data:`ROUTES` on a tie. A route with no rate takes nothing;
+    with no route at all, ValueError."""
     usable = [r for r in ROUTES if r in loads and loads[r].rate > 0]
     usable += [r for r in loads if r not in ROUTES and loads[r].rate > 0]
     if not usable:
         raise ValueError("no decode route can take frames")
     given = dict.fromkeys(loads, 0)
+
+    def done_after(r: str) -> float:
+        return (loads[r].queued + given[r] + 1) / loads[r].rate
+
+    first = usable[0]
     for _ in range(frames):
-        best = min(
-            usable,
-            key=lambda r: ((loads[r].queued + given[r] + 1) / loads[r].rate, usable.index(r)),
-        )
+        if done_after(first) <= spill_after_s:
+            best = first
+        else:
+            best = min(usable, key=lambda r: (done_after(r), usable.index(r)))
         given[best] += 1
     return given
 

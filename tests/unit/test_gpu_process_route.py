@@ -1,0 +1,118 @@
+"""Decode where there is capacity: the split of a batch between the hardware JPEG engine,
+the CUDA decoder and the host decoders from literal queue depths and rates, and the routed
+decoder that carries it out (device decoders stood in for by recording fakes)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from edge_vision.common.buffers import Allocator
+from edge_vision.errors import ClientError
+from edge_vision.frames.decode import read_image_header
+from edge_vision.frames.decode_batch import DecodeRequest, HostBatchDecoder, Outcome, Prepared
+from edge_vision.gpu_process.decoders import RoutedDecoder
+from edge_vision.gpu_process.route import RateMeter, RouteLoad, assign, split_batch
+from edge_vision.model.shape import Letterbox
+
+from ..support.images import text_scene
+
+HW, CUDA, HOST = 5000.0, 3000.0, 534.0  # frames/s: the priors, two host threads
+
+
+def loads(hw: int, cuda: int, host: int) -> dict[str, RouteLoad]:
+    return {"hw": RouteLoad(hw, HW), "cuda": RouteLoad(cuda, CUDA), "host": RouteLoad(host, HOST)}
+
+
+def test_an_idle_hardware_engine_takes_the_whole_batch() -> None:
+    assert split_batch(48, loads(0, 0, 0)) == {"hw": 48, "cuda": 0, "host": 0}
+    # What it would reach only after 10 ms spills: 64 frames are 12.8 ms of its work.
+    spilled = split_batch(64, loads(0, 0, 0))
+    assert spilled["hw"] == 50 and spilled["cuda"] + spilled["host"] == 14
+
+
+def test_a_backed_up_hardware_engine_sends_the_overflow_where_it_is_done_sooner() -> None:
+    # 400 frames queued on the engine are 80 ms of work: the CUDA decoder finishes a frame
+    # sooner until its own queue is that long, and the host takes a share too.
+    split = split_batch(64, loads(400, 0, 0))
+    assert split["cuda"] > 0 and split["host"] > 0
+    assert split["cuda"] > split["host"]  # in proportion to their speed
+    assert sum(split.values()) == 64
+
+
+def test_a_busy_host_pool_gets_nothing_while_the_gpu_has_room() -> None:
+    split = split_batch(16, loads(10, 0, 200))
+    assert split["host"] == 0 and split["hw"] + split["cuda"] == 16
+
+
+def test_a_route_without_a_rate_takes_nothing_and_no_route_is_an_error() -> None:
+    only_host = {"hw": RouteLoad(0, 0.0), "host": RouteLoad(5, HOST)}
+    assert split_batch(4, only_host) == {"hw": 0, "host": 4}
+    with pytest.raises(ValueError):
+        split_batch(1, {"hw": RouteLoad(0, 0.0)})
+
+
+def test_frames_are_assigned_in_route_order() -> None:
+    assert assign(5, {"host": 1, "hw": 2, "cuda": 2}) == ["hw", "hw", "cuda", "cuda", "host"]
+    with pytest.raises(ValueError):
+        assign(3, {"hw": 1})
+
+
+def test_the_rate_follows_what_each_call_measured() -> None:
+    m = RateMeter(5000.0, weight=0.5)
+    assert m.observe(100, 0.1) == 1000.0  # the first call replaces the prior
+    assert m.observe(100, 0.05) == 1500.0
+    assert m.observe(0, 0.0) == 1500.0  # nothing measured, nothing learnt
+    with pytest.raises(ValueError):
+        RateMeter(0.0)
+
+
+class FakeDevice:
+    """Stands in for a device decoder: records each call, answers a canvas a frame."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls: list[int] = []
+
+    def takes(self, request: DecodeRequest) -> bool:
+        return True
+
+    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[Outcome]:
+        self.calls.append(len(requests))
+        return [Prepared(self.name, r.letterbox, 0.0, 0.0, on_device=True) for r in requests]
+
+    def set_staging_allocator(self, allocator: Allocator) -> None:
+        pass
+
+
+def request(data: bytes) -> DecodeRequest:
+    return DecodeRequest(data, read_image_header(data), Letterbox(64, 48, 64, 48, 64, 48, 0, 0))
+
+
+def test_the_routed_decoder_splits_by_queue_and_answers_every_frame_in_order() -> None:
+    good = text_scene(64, 48).jpeg()
+    bad = good[: len(good) // 2]  # a cut body: the host decoder refuses it alone
+
+    def host_one(r: DecodeRequest) -> Prepared:
+        if r.data is bad:
+            raise ClientError("bad_image", "corrupt")
+        return Prepared("host", r.letterbox, 0.0, 0.0)
+
+    hw, cuda = FakeDevice("hw"), FakeDevice("cuda")
+    with ThreadPoolExecutor(2) as pool:
+        routed = RoutedDecoder({"hw": hw, "cuda": cuda}, HostBatchDecoder(host_one, 0), pool, 2)
+        assert (
+            routed.decode_batch([request(good)] * 8)
+            == [Prepared("hw", request(good).letterbox, 0.0, 0.0, on_device=True)] * 8
+        )
+        # The engine and the CUDA decoder backed up by other calls in flight, at the
+        # rates measured on a GPU (the fakes answer in no time at all).
+        routed._queued.update(hw=400, cuda=200)
+        routed.meters["hw"].rate, routed.meters["cuda"].rate = HW, CUDA
+        out = routed.decode_batch([request(good)] * 6 + [request(bad)])
+    assert [getattr(o, "canvas", None) for o in out[:6]] == ["host"] * 6
+    assert isinstance(out[6], ClientError) and out[6].code == "bad_image"
+    assert hw.calls == [8] and cuda.calls == []
+    assert routed.frames == {"hw": 8, "host": 7}
