@@ -230,7 +230,7 @@ async def ws_entry(request: web.Request) -> web.StreamResponse:
     """``GET /ws`` admission, before anything else: origin, credential, fair share.
 
     Each refusal is an HTTP status before the upgrade with a one-line body saying why, so
-    the overlay page (which asks again with a plain GET, see edge_vision/web/connection.js)
+    the JavaScript client (which asks again with a plain GET, see edge_vision/web/client/)
     and other clients can tell "not authorised" from "full" (docs/protocol.md, "Refusals")."""
     app = request.app
     cfg = app[CONFIG]

@@ -1,9 +1,22 @@
-// The overlay page: wires the source, the sender, the connection, the overlay and the
-// heads-up display to the controls. Protocol: docs/protocol.md.
+// The overlay page: wires the source, the sender, the client's connection, the overlay
+// and the heads-up display to the controls. Protocol: docs/protocol.md; the client that
+// speaks it: client/ (docs/js-client.md).
 
-import { SessionConnection } from "./connection.js";
+import {
+  AccessForbidden,
+  AuthenticationFailed,
+  EdgeVisionClient,
+  FrameRejected,
+  HandshakeRefused,
+  MessageTooBig,
+  ServerUnavailable,
+  ServerUnreachable,
+  SessionEnded,
+  SessionSuperseded,
+  TokenExpired,
+} from "./client/index.js";
 import { Overlay } from "./overlay.js";
-import { PROTOCOL_VERSION, sameClasses, settingsMessage } from "./protocol.js";
+import { PROTOCOL_VERSION, sameClasses } from "./protocol.js";
 import { FrameSender } from "./sender.js";
 import { SourceManager, naturalSize } from "./source.js";
 import { RollingWindow, TimingWindow } from "./stats.js";
@@ -67,17 +80,16 @@ let lastFrame = null;
 let bannerTimer = null;
 
 const sources = new SourceManager(ui.video, ui.image);
-const connection = new SessionConnection(
-  serverUrl(),
-  {
-    onHello,
-    onMessage,
-    onState,
-    onClosed: () => sender.forgetPending(),
-  },
-  accessToken(),
-);
-const sender = new FrameSender(connection, {
+// The page runs unattended: it retries for ever (0.25 s doubling to 8 s, jittered), resumes
+// its session after every resumable close, and says why it waits (onState).
+const client = new EdgeVisionClient(serverUrl(), {
+  token: accessToken(),
+  retryMs: Infinity,
+  backoffMaxMs: 8000,
+  onHello,
+  onState,
+});
+const sender = new FrameSender(client, {
   onSent: (frame) => {
     windows.sent.push(frame.sentAt);
     lastFrame = frame;
@@ -85,6 +97,8 @@ const sender = new FrameSender(connection, {
   onLost: (n) => {
     counters.lost += n;
   },
+  onResult,
+  onRejected,
 });
 const overlay = new Overlay(ui.overlay, () => sources.element);
 
@@ -144,27 +158,25 @@ function onHello(msg) {
   sender.tick();
 }
 
-function onMessage(msg) {
+/** A frame's result (the sender's frame, matched by the client by its id). */
+function onResult(frame, result) {
   const now = performance.now();
-  if (msg.type === "result") {
-    const frame = sender.answer(msg.id);
-    if (!frame) return; // from before a reconnect, or written off as lost
-    counters.answered += 1;
-    counters.serverDropped = msg.dropped ?? counters.serverDropped;
-    windows.answered.push(now);
-    windows.latency.push(now, now - frame.capturedAt);
-    windows.timing.push(now, msg.timing);
-    overlay.show(msg, frame, now);
-    showReadTexts(msg.detections);
-    requestRender();
-  } else if (msg.type === "error") {
-    if (msg.id !== undefined && msg.id !== null) {
-      const frame = sender.answer(msg.id);
-      if (frame) frame.picture.close();
-    }
-    showBanner(`server: ${msg.code}: ${msg.message}`, "error", 6000);
-  } else if (msg.type === "settings") {
-    showServerSettings(msg);
+  counters.answered += 1;
+  counters.serverDropped = result.dropped ?? counters.serverDropped;
+  windows.answered.push(now);
+  windows.latency.push(now, now - frame.capturedAt);
+  windows.timing.push(now, result.timing);
+  overlay.show(result, frame, now);
+  showReadTexts(result.detections);
+  requestRender();
+}
+
+/** The server answered a frame with `error`, or a frame could not be sent at all. */
+function onRejected(_frame, error) {
+  if (error instanceof FrameRejected) {
+    showBanner(`server: ${error.code}: ${error.detail}`, "error", 6000);
+  } else if (error instanceof MessageTooBig) {
+    showBanner(`${error.message}; lower the quality or send size`, "error", 6000);
   }
 }
 
@@ -187,25 +199,76 @@ ui.copyTexts.addEventListener("click", async () => {
   }
 });
 
+/**
+ * The client's state in the page's words: the top bar, the HUD's link row, and a banner on
+ * the picture while it waits or was refused (that is where a technician looks when the
+ * boxes go away). A refusal or a session taken over is not retried: Reconnect does.
+ */
 function onState(state) {
-  ui.connState.dataset.kind = state.kind;
-  let text = state.text;
-  if (state.kind === "waiting") {
-    const secs = Math.max(0, (state.retryAt - performance.now()) / 1000);
-    text = `${state.text} — retrying in ${secs.toFixed(1)} s`;
+  let kind = state.kind;
+  let text;
+  if (state.kind === "connecting") {
+    text = state.attempt ? `connecting (attempt ${state.attempt + 1})` : "connecting";
+  } else if (state.kind === "open") {
+    text = `live · session ${state.hello.session_id}`;
+    if (state.resumed) text += " (resumed)";
+    else if (state.resuming) text += " (new session: the server did not know the old one)";
+  } else if (state.kind === "waiting") {
+    text = whyWaiting(state.error);
+  } else if (state.kind === "closed") {
+    kind = state.error instanceof SessionEnded ? "stopped" : "refused";
+    text = kind === "stopped" ? "disconnected" : whyRefused(state.error);
+  } else {
+    text = "not connected";
   }
-  ui.connState.textContent = text;
+  ui.connState.dataset.kind = kind;
+  ui.connState.textContent =
+    kind === "waiting" ? `${text} — retrying in ${secondsUntil(state.retryAt)} s` : text;
   $("hud-state").textContent =
-    state.kind === "waiting" ? `waiting to retry (attempt ${state.attempt})` : state.kind;
-  // Said on the picture too: that is where a technician looks when the boxes go away.
-  if (state.kind === "refused") showBanner(state.text, "error", 0, "connection");
-  else if (state.kind === "waiting") showBanner(`${state.text}; reconnecting…`, "info", 0, "connection");
+    kind === "waiting" ? `waiting to retry (attempt ${state.attempt})` : kind;
+  if (kind === "refused") showBanner(text, "error", 0, "connection");
+  else if (kind === "waiting") showBanner(`${text}; reconnecting…`, "info", 0, "connection");
+}
+
+function secondsUntil(epochMs) {
+  return Math.max(0, (epochMs - Date.now()) / 1000).toFixed(1);
+}
+
+/** Why the client waits before its next attempt, in a few words. */
+function whyWaiting(error) {
+  if (error instanceof ServerUnavailable) return `server busy: ${error.body}`;
+  if (error instanceof ServerUnreachable) return "server unreachable";
+  if (error.code === 1006 || error.code === null) return error.reason || "connection lost";
+  if (error.code === 1001) return error.reason ? `server closed: ${error.reason}` : "server went away";
+  if (error.code === 4002) return "the server closed the connection: this page stopped reading results";
+  if (error.code === 4003) return "closed after a quiet spell (idle timeout)";
+  if (error.code === 1009) return "a frame was larger than the server accepts; lower the quality or send size";
+  return error.message;
+}
+
+/** Why the client gave up, and what to do about it. */
+function whyRefused(error) {
+  if (error instanceof SessionSuperseded) {
+    return "this session was taken over by another connection; press Reconnect";
+  }
+  if (error instanceof TokenExpired) {
+    return "the access token expired; open the page with a fresh #token=… and press Reconnect";
+  }
+  let why = error.message;
+  if (error instanceof AuthenticationFailed) {
+    why = `refused: not authorised (401: ${error.body || "credentials required"})`;
+  } else if (error instanceof AccessForbidden) {
+    why = `refused: forbidden (403: ${error.body || "forbidden"})`;
+  } else if (error instanceof HandshakeRefused && error.status >= 400) {
+    why = `refused: HTTP ${error.status}${error.body ? ` ${error.body}` : ""}`;
+  }
+  return `${why}; press Reconnect after fixing it`;
 }
 
 // -- settings ----------------------------------------------------------------------------
 
 function syncSettings(server) {
-  if (!connection.isOpen || wanted.confidence === null) return;
+  if (!client.isOpen || wanted.confidence === null) return;
   const extra = {};
   if (features.has("track")) extra.track = wanted.track;
   if (features.has("input_size")) extra.input_size = wanted.inputSize;
@@ -218,7 +281,12 @@ function syncSettings(server) {
   ) {
     return;
   }
-  connection.send(settingsMessage(wanted.confidence, wanted.classes, extra));
+  client.settings({ confidence: wanted.confidence, classes: wanted.classes, ...extra }).then(
+    showServerSettings,
+    (e) => {
+      if (e instanceof FrameRejected) showBanner(`server: ${e.code}: ${e.detail}`, "error", 6000);
+    },
+  );
 }
 
 /**
@@ -575,7 +643,7 @@ function onKey(e) {
     applyView();
     savePrefs();
   } else if (key === "r") {
-    connection.reconnectNow();
+    client.reconnect();
   }
 }
 
@@ -636,7 +704,7 @@ function main() {
   ui.file.addEventListener("change", openChosenFile);
   ui.pause.addEventListener("click", () => setPaused(!sender.paused));
   ui.snapshot.addEventListener("click", takeSnapshot);
-  ui.reconnect.addEventListener("click", () => connection.reconnectNow());
+  ui.reconnect.addEventListener("click", () => client.reconnect());
   document.addEventListener("keydown", onKey);
 
   new ResizeObserver(onStageResized).observe(ui.stage);
@@ -645,18 +713,18 @@ function main() {
   ui.image.addEventListener("load", onPictureSize);
   watchPixelRatio();
   window.addEventListener("online", () => {
-    if (connection.state.kind === "waiting") connection.reconnectNow();
+    if (client.state.kind === "waiting") client.reconnect();
   });
   // A page that goes away ends its session (code 1000) instead of leaving it resumable.
-  window.addEventListener("pagehide", () => connection.stop());
+  window.addEventListener("pagehide", () => client.close());
   window.addEventListener("pageshow", (e) => {
-    if (e.persisted) connection.start(); // back from the back/forward cache
+    if (e.persisted) client.reconnect(); // back from the back/forward cache
   });
 
   requestAnimationFrame(animate);
   updateHud();
   setInterval(updateHud, 250);
-  connection.start();
+  client.connect().catch(() => {}); // a refusal is shown by onState
   if (sources.cameraAvailable) startCamera();
   else {
     ui.sourceKind.value = "file";

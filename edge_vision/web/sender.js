@@ -1,9 +1,9 @@
 // Frames out: capture the newest picture of the source, JPEG-encode it at the chosen
-// quality, send it, and keep at most `maxInFlight` frames unanswered. Nothing ever queues:
-// a frame is captured only when a slot is free, so it is always the newest one and
-// latency cannot build up however slow the server is.
+// quality, send it through the client, and keep at most `maxInFlight` frames unanswered.
+// Nothing ever queues: a frame is captured only when a slot is free, so it is always the
+// newest one and latency cannot build up however slow the server is.
 
-import { encodeBinaryFrame, encodeJsonFrame } from "./protocol.js";
+import { FrameDropped, FrameRejected } from "./client/index.js";
 import { sendSize } from "./geometry.js";
 import { naturalSize } from "./source.js";
 
@@ -18,16 +18,17 @@ const ANSWER_TIMEOUT_MS = 10000;
 
 export class FrameSender {
   /**
-   * @param {import("./connection.js").SessionConnection} connection
-   * @param {{onSent: (frame: SentFrame) => void, onLost: (n: number) => void}} handlers
+   * @param {import("./client/index.js").EdgeVisionClient} client
+   * @param {{onSent: (frame: SentFrame) => void, onLost: (n: number) => void,
+   *          onResult: (frame: SentFrame, result: import("./client/index.js").Result) => void,
+   *          onRejected: (frame: SentFrame, error: FrameRejected) => void}} handlers
    */
-  constructor(connection, handlers) {
-    this.connection = connection;
+  constructor(client, handlers) {
+    this.client = client;
     this.handlers = handlers;
     this.options = { quality: 0.8, maxFps: 30, maxSide: 640, wire: "binary", maxInFlight: 1 };
     /** @type {Map<number, SentFrame>} */
     this.pending = new Map();
-    this.nextId = 1;
     this.source = null; // HTMLVideoElement | HTMLImageElement
     this.paused = false;
     this.encoding = false;
@@ -57,29 +58,25 @@ export class FrameSender {
     this.tick();
   }
 
-  /** Take the answer (result or error) for frame `id`; returns the frame it belongs to. */
-  answer(id) {
-    const frame = this.pending.get(id);
-    if (!frame) return null;
-    this.pending.delete(id);
-    // Latest-wins admission answers frames in order and silently replaces waiting ones:
-    // older frames still pending will never be answered.
-    for (const [otherId, other] of this.pending) {
-      if (otherId < id) {
-        this.pending.delete(otherId);
-        other.picture.close();
-      }
-    }
+  /** Frame `frame`'s answer came: its result (the client matched it by id). */
+  _answered(frame, result) {
+    if (this.pending.get(frame.id) !== frame) return; // written off already
+    this.pending.delete(frame.id);
+    this.handlers.onResult(frame, result);
     this.tick();
-    return frame;
   }
 
-  /** The connection dropped: nothing pending will be answered. */
-  forgetPending() {
-    const n = this.pending.size;
-    for (const frame of this.pending.values()) frame.picture.close();
-    this.pending.clear();
-    if (n) this.handlers.onLost(n);
+  /**
+   * Frame `frame` will not be answered: a later one was (latest-wins replaced it), the
+   * connection closed on it (lost), or the server refused it (an `error` message).
+   */
+  _unanswered(frame, error) {
+    if (this.pending.get(frame.id) !== frame) return;
+    this.pending.delete(frame.id);
+    frame.picture.close();
+    if (error instanceof FrameRejected) this.handlers.onRejected(frame, error);
+    else if (!(error instanceof FrameDropped && error.dropCause === "latest")) this.handlers.onLost(1);
+    this.tick();
   }
 
   /** Send the newest frame if everything allows it now; otherwise come back when it might. */
@@ -87,7 +84,7 @@ export class FrameSender {
     clearTimeout(this.timer);
     this.timer = null;
     this._expire();
-    if (this.paused || this.encoding || !this.connection.isOpen) return;
+    if (this.paused || this.encoding || !this.client.isOpen) return;
     if (!this._ready()) {
       // A source still loading has no frame yet; look again shortly.
       if (this.source) this.timer = setTimeout(() => this.tick(), 100);
@@ -163,19 +160,26 @@ export class FrameSender {
     const jpeg = await new Promise((resolve) =>
       this.canvas.toBlob(resolve, "image/jpeg", this.options.quality),
     );
-    if (!jpeg || !this.connection.isOpen || this.source !== source || this.paused) {
+    if (!jpeg || !this.client.isOpen || this.source !== source || this.paused) {
       picture.close();
       this.encoding = false;
       this.tick();
       return;
     }
-    const id = this.nextId++;
-    const message =
-      this.options.wire === "json"
-        ? await encodeJsonFrame(id, ts, jpeg)
-        : encodeBinaryFrame(id, ts, await jpeg.arrayBuffer());
+    let sent;
+    try {
+      sent = await this.client.send(jpeg, { ts, wire: this.options.wire });
+    } catch (e) {
+      // The session ended, or the frame is over the node's size limit (MessageTooBig):
+      // the connection's state, or the next smaller frame, says the rest.
+      picture.close();
+      this.encoding = false;
+      this.handlers.onRejected(null, e);
+      this.timer = setTimeout(() => this.tick(), 200);
+      return;
+    }
     const frame = {
-      id,
+      id: sent.id,
       ts,
       capturedAt,
       sentAt: performance.now(),
@@ -185,11 +189,11 @@ export class FrameSender {
       picture,
     };
     this.encoding = false;
-    if (!this.connection.send(message)) {
-      picture.close();
-      return;
-    }
-    this.pending.set(id, frame);
+    this.pending.set(frame.id, frame);
+    sent.result.then(
+      (result) => this._answered(frame, result),
+      (error) => this._unanswered(frame, error),
+    );
     this.lastSentAt = frame.sentAt;
     this.sentPresented = presented;
     this.handlers.onSent(frame);
