@@ -24,6 +24,8 @@ What it does for you (docs/protocol.md):
 * **resume**: after the server's ``closing`` + 1001 (shutdown) or a lost connection, it
   reconnects (to any node behind the balancer) with the session's resume token; frames in
   flight then are dropped (the server counts them so too), later ones go to the new node;
+* **events** (protocol 3): what the session's rules raise, as typed :class:`Event` values
+  through :meth:`EdgeVisionClient.events` or an ``on_event`` callback;
 * **every close reason is a typed exception** (edge_vision/errors.py, under
   :class:`~edge_vision.errors.ConnectionClosed`), raised by :meth:`results`, :meth:`send`
   and the futures of frames, settings and pings waiting then.
@@ -36,6 +38,7 @@ from .values import (
     Counters,
     Detection,
     DropCause,
+    Event,
     FrameError,
     FrameId,
     Hello,
@@ -53,6 +56,7 @@ __all__ = [
     "Detection",
     "DropCause",
     "EdgeVisionClient",
+    "Event",
     "FrameError",
     "FrameId",
     "Hello",

@@ -38,6 +38,7 @@ from ..session.receive import (
     encode_binary_frame,
     encode_json_frame,
 )
+from .events import EventStream
 from .handshake import (
     WRONG_PATH_STATUSES,
     classify_close,
@@ -51,6 +52,7 @@ from .values import (
     Answer,
     Books,
     DropCause,
+    Event,
     FrameError,
     FrameId,
     Hello,
@@ -87,7 +89,8 @@ class EdgeVisionClient:
     (from an earlier hello, e.g. of another process) instead of starting one.
     ``session``: an aiohttp session to use (default: one of its own). ``on_drop``: called
     with a frame's id and :data:`DropCause` as soon as the frame is known unanswered,
-    before its future raises :class:`~edge_vision.errors.FrameDropped`.
+    before its future raises :class:`~edge_vision.errors.FrameDropped`. ``on_event``:
+    called with each :class:`Event` the session's rules raise (protocol 3), as it arrives.
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class EdgeVisionClient:
         resume_token: str | None = None,
         session: aiohttp.ClientSession | None = None,
         on_drop: Callable[[FrameId, DropCause], None] | None = None,
+        on_event: Callable[[Event], None] | None = None,
     ) -> None:
         if protocol not in SUPPORTED_VERSIONS:
             raise ValueError(
@@ -137,6 +141,7 @@ class EdgeVisionClient:
         self._settings_waiting: deque[asyncio.Future[Settings]] = deque()
         self._pings_waiting: deque[asyncio.Future[Any]] = deque()
         self._answers: deque[Answer] = deque(maxlen=results_buffer)
+        self._events = EventStream(results_buffer, on_event)
         self._answer_ready = asyncio.Event()
         self._connected = asyncio.Event()
         self._send_lock = asyncio.Lock()
@@ -411,6 +416,11 @@ class EdgeVisionClient:
             self._answer_ready.clear()
             await self._answer_ready.wait()
 
+    def events(self) -> AsyncIterator[Event]:
+        """Every event the session's rules raise (protocol 3, docs/events.md), in arrival
+        order, across resumes; ends after :meth:`close`, like :meth:`results`."""
+        return self._events.follow(lambda: self._failure, lambda: self._closed)
+
     @property
     def pending(self) -> int:
         """Frames sent whose answer has not come yet."""
@@ -419,12 +429,7 @@ class EdgeVisionClient:
     async def _receive(self) -> None:
         try:
             await self._receive_until_done()
-        except (
-            ValueError,
-            KeyError,
-            TypeError,
-            IndexError,
-        ) as e:  # a server that broke the protocol
+        except (ValueError, KeyError, TypeError, IndexError) as e:  # a server broke the protocol
             log.warning("edge_vision client: %r", e)
             if self._ws is not None:
                 await self._ws.close(code=1002)
@@ -508,6 +513,8 @@ class EdgeVisionClient:
                     future_p.set_result(obj.get("payload"))
         elif kind == "closing":
             self._closing_token = str(obj.get("resume_token") or "")
+        elif kind == "event":  # since protocol 3
+            self._events.push(Event.from_json(obj))
         # Unknown types: a newer server's additions, ignored (docs/protocol.md, "Versions").
 
     def _settle_until(
@@ -564,6 +571,7 @@ class EdgeVisionClient:
         self._settle_all(failure)
         self._connected.set()  # wake senders: they raise the failure
         self._answer_ready.set()
+        self._events.wake()
 
     # -- closing ------------------------------------------------------------------------
 

@@ -32,10 +32,15 @@ class Settings:
     track: bool | None = None
     input_size: int | None = None  # None also: the node's own limits.input_size
     read: bool | None = None
+    # Since protocol 3: the session's own zones, lines and rules (docs/events.md).
+    zones: Mapping[str, Any] | None = None
+    lines: Mapping[str, Any] | None = None
+    rules: tuple[Mapping[str, Any], ...] | None = None
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Settings:
         classes = obj.get("classes")
+        rules = obj.get("rules")
         return cls(
             obj["mode"],
             float(obj["confidence"]),
@@ -43,6 +48,9 @@ class Settings:
             obj.get("track"),
             obj.get("input_size"),
             obj.get("read"),
+            obj.get("zones"),
+            obj.get("lines"),
+            None if rules is None else tuple(rules),
         )
 
 
@@ -158,6 +166,7 @@ class Detection:
     track: int | None = None  # a track id, when the node tracks (feature "track")
     text: str | None = None  # the text read in the box, with settings read=True ("read")
     text_score: float | None = None
+    zones: tuple[str, ...] = ()  # since protocol 3: the zones the box's anchor lies in
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +200,7 @@ class Result:
                 track=d.get("track"),
                 text=d.get("text"),
                 text_score=d.get("text_score"),
+                zones=tuple(d.get("zones") or ()),
             )
             for d in obj.get("detections") or ()
         )
@@ -217,6 +227,56 @@ class FrameError:
 
 
 Answer = Result | FrameError
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Since protocol 3: an event one of the session's rules raised (docs/events.md).
+    ``event_id`` is unique and the same on every copy (the node's sinks get one too);
+    ``frame_id`` and ``ts`` are the frame's, as sent; ``at`` the node's clock when the
+    rule fired (Unix seconds); ``raw`` keeps every field (``line``, ``direction``,
+    ``dwell_s`` for the kinds that have them)."""
+
+    event_id: str
+    rule: str
+    on: str
+    session: str
+    node: str
+    frame_id: FrameId | None
+    ts: float | None
+    at: float
+    track: int
+    class_id: int
+    label: str
+    score: float
+    box: tuple[float, float, float, float]
+    text: str | None
+    zone: str | None
+    zones: tuple[str, ...]
+    raw: Mapping[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Event:
+        box = obj["box"]
+        return cls(
+            event_id=str(obj["event_id"]),
+            rule=str(obj["rule"]),
+            on=str(obj["on"]),
+            session=str(obj.get("session", "")),
+            node=str(obj.get("node", "")),
+            frame_id=obj.get("frame_id"),
+            ts=obj.get("ts"),
+            at=float(obj.get("at") or 0.0),
+            track=int(obj["track"]),
+            class_id=int(obj["class"]),
+            label=str(obj.get("label", obj["class"])),
+            score=float(obj["score"]),
+            box=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
+            text=obj.get("text"),
+            zone=obj.get("zone"),
+            zones=tuple(obj.get("zones") or ()),
+            raw=dict(obj),
+        )
 
 
 def jpeg_from_array(image: NDArray[np.uint8], quality: int = 85, colorspace: str = "RGB") -> bytes:

@@ -134,6 +134,14 @@ class RuleConfig(_Section):
         "at most; never on the WebSocket, whose client has the frame).",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: Any) -> Any:
+        # YAML 1.1 (PyYAML) reads a bare ``on`` key as the boolean true: take it as "on".
+        if isinstance(data, dict) and True in data and "on" not in data:
+            data = {("on" if k is True else k): v for k, v in data.items()}
+        return data
+
     @field_validator("class_", mode="before")
     @classmethod
     def _one_class(cls, value: Any) -> Any:

@@ -8,7 +8,11 @@
 * edge_vision.session.runner carries out the core's actions: each taken frame runs
   through the pipeline in a task, and one sender task writes the replies in the core's
   order through :meth:`Connection.send`;
-* a ping task keeps the socket alive.
+* a ping task keeps the socket alive;
+* the session's events (edge_vision.events.session_events): each result, in reply order,
+  goes through the session's rules; what they raise goes to the node's sinks and, for a
+  protocol 3 client, follows the result as ``event`` messages; a timer task ends the
+  tracks of a stream gone quiet.
 
 Nothing here is CPU-bound: parsing is a JSON load, every stage of the pipeline runs in
 a worker thread or on the engine. A client that stops reading is closed with 4002 after
@@ -34,6 +38,8 @@ from ..common.messages import FrameMessage
 from ..common.metrics import Metrics
 from ..config import Config, session_input_sizes
 from ..errors import ClientError, ModelError
+from ..events.hub import EventHub
+from ..events.session_events import SessionEvents
 from ..frames.pipeline import FramePipeline, FrameResult
 from ..frames.read import SessionReading
 from ..session import reply
@@ -80,6 +86,8 @@ class ConnectionContext:
     metrics: Metrics
     keeper: StateKeeper
     label: Callable[[int], str]
+    events: EventHub
+    node_id: str
 
 
 class Connection:
@@ -100,6 +108,11 @@ class Connection:
         # settings.read): what this session's labels said, kept on that tracker's tracks.
         self.reading = ctx.pipeline.reading.session(session.tracker)
         cfg = ctx.config
+        # Zones, rules and events: for the node's sinks whatever version the client speaks;
+        # event messages and zones in results for a protocol 3 client (versions.py).
+        self.events = SessionEvents(
+            session, cfg.events, ctx.events, ctx.label, ctx.node_id, websocket=protocol.events
+        )
         # The session's rules (session/core.py), counting into the session itself so a
         # resumed session's counters carry on; the runner carries out what it decides.
         self.core: FrameCore = SessionCore.from_config(session.mode, cfg.session, books=session)
@@ -171,10 +184,11 @@ class Connection:
         """Run until the socket closes. Returns after every task has stopped."""
         self.runner.start()
         ping = asyncio.create_task(self._ping(), name=f"ping-{self.session.id}")
+        watch = asyncio.create_task(self._watch_tracks(), name=f"tracks-{self.session.id}")
         try:
             await self._read()
         finally:
-            await cancel_and_wait(ping)
+            await cancel_and_wait(ping, watch)
             # Frames the socket closed on (waiting, or taken but never sent) are counted as
             # dropped by the core, so received = answered + dropped + rejected holds after
             # a resume too.
@@ -191,19 +205,50 @@ class Connection:
                     unsent,
                 )
 
+    def end_events(self) -> None:
+        """What the session's tracks become as this connection closes (session_events.py):
+        they end now when the client ended the session, go on where a newer connection
+        took it (resumed, or handed over at shutdown), and end after their keep time when
+        the socket was lost and nobody resumed the session by then."""
+        session, events, keeper = self.session, self.events, self.ctx.keeper
+        if self.closed_by_server in ("superseded", "shutdown"):
+            events.close()
+        elif self.client_close_code == WSCloseCode.OK and self.closed_by_server is None:
+            events.end()
+        else:
+            events.release(
+                lambda: keeper.still_released(session),
+                lambda: keeper.close_session(session, ended=False),
+            )
+
     async def _send_reply(self, ticket: FrameTicket) -> None:
         """The core's Send: a result is serialised only now, so tracks see frame order."""
         res = ticket.reply
         if isinstance(res, ClientError):
             await self.send(reply.client_error(res))
         elif isinstance(res, FrameResult):
-            await self.send(self._result_text(res))
+            text, events = self._result_text(res)
+            await self.send(text)
+            for event in events:  # what this frame raised, after its result (protocol 3)
+                await self.send(event)
         else:
             raise RuntimeError(f"frame {ticket.seq} has no reply to send")
 
     def _reading_now(self) -> SessionReading | None:
-        """The session's reading state for the frame being taken, when it reads text."""
-        return self.reading if self.session.read and self.protocol.text_reading else None
+        """The session's reading state for the frame being taken, when it reads text: for
+        itself (``settings.read``), or only the boxes a rule with ``text`` could match."""
+        own = self.session.read and self.protocol.text_reading
+        if not own and not self.events.needs_text:
+            return None
+        self.reading.select = None if own else self.events.worth_reading
+        return self.reading
+
+    async def _watch_tracks(self) -> None:
+        """The events' timer: a quiet stream's tracks end (``leave``)."""
+        try:
+            await self.events.watch(self.send)
+        except ConnectionDone:
+            return
 
     async def _charge_memory(self, frame: FrameMessage) -> bool:
         """Charge ``frame`` to the node's memory budget (budget.py); False when it found
@@ -250,15 +295,22 @@ class Connection:
         )
         return self._rejected(err)
 
-    def _result_text(self, res: FrameResult) -> str:
+    def _result_text(self, res: FrameResult) -> tuple[str, list[str]]:
+        """The result's message, and the event messages its frame raised."""
         s = self.session
         sends_ids = s.track and self.protocol.track_ids  # not for v1 (versions.py)
         tracks = None
-        if sends_ids or res.texts is not None:  # in reply order: the frames' own order
+        # In reply order: the frames' own order.
+        if sends_ids or res.texts is not None or self.events.running:
             tracks = s.tracker.update(res.detections, res.frame.received_at).tolist()
             if res.texts is not None:  # what was read stays on the tracks it came with
                 self.reading.settle(tracks, res.detections, res.texts)
-        return reply.result(res, self.ctx.label, s.dropped, tracks if sends_ids else None)
+        zones, events = self.events.observe(res, tracks)
+        shows_text = s.read and self.protocol.text_reading  # else read for the rules only
+        text = reply.result(
+            res, self.ctx.label, s.dropped, tracks if sends_ids else None, zones, texts=shows_text
+        )
+        return text, events
 
     def _rejected(self, err: ClientError) -> str:
         """A message that may have been a frame, refused on arrival: received and
@@ -442,6 +494,21 @@ class Connection:
                 self.ctx.metrics.frames_rejected.labels(err.code).inc()
                 await self.send(reply.client_error(err))
                 return
+        if msg.events is not None:  # the session's own zones, lines and rules
+            problem = None
+            if not self.protocol.events:
+                number = self.protocol.number
+                problem = f"'zones', 'lines' and 'rules' need protocol 3 (this speaks {number})"
+            else:
+                try:
+                    self.events.apply(msg.events)
+                except ValueError as e:
+                    problem = str(e)
+            if problem is not None:
+                err = ClientError("bad_settings", problem)
+                self.ctx.metrics.frames_rejected.labels(err.code).inc()
+                await self.send(reply.client_error(err))
+                return
         if msg.confidence is not None:
             s.confidence = msg.confidence
         if msg.classes is not None or msg.clear_classes:
@@ -463,4 +530,6 @@ class Connection:
             if self.protocol.settings_extras  # not for v1 (versions.py)
             else None
         )
+        if extra is not None and self.protocol.events:  # since protocol 3
+            extra.update(self.events.settings())
         await self.send(reply.settings(s.mode, s.confidence, s.classes, extra))

@@ -36,6 +36,8 @@ from ..common.settings import is_mode
 from ..config import Config, engine_kinds, session_input_sizes
 from ..engines.choice import engine_choice_of, resolve_engine
 from ..errors import ConfigError, EdgeVisionError, UnsupportedProtocol
+from ..events.hub import EventHub
+from ..events.sinks import build_sinks
 from ..frames.infer import InferenceService
 from ..model.spec import ModelSpec, load_model_spec
 from ..session import reply
@@ -361,7 +363,10 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
                 labels=list(spec.labels),
                 engine=_engine_json(service),
                 mode=session.mode,
-                settings=session.settings_dict(),
+                settings={  # since protocol 3 with the session's own zones, lines, rules
+                    **session.settings_dict(),
+                    **(session.events_settings() if protocol.events else {}),
+                },
                 limits={
                     "max_message_bytes": cfg.server.max_message_bytes,
                     "max_pixels": cfg.server.max_pixels,
@@ -396,6 +401,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
         if conn.closed_by_server != "superseded":
             ended = conn.client_close_code == WSCloseCode.OK and conn.closed_by_server is None
             keeper.close_session(session, ended=ended)
+        conn.end_events()
         if not ws.closed:
             await ws.close()
         if conn.closed_by_server == "slow_client":
@@ -426,11 +432,16 @@ async def _start_engine(app: web.Application) -> None:
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     keeper = app[KEEPER]
     await keeper.start()
+    events = app[CONNECTION_CTX].events
+    await events.start()
     app[STARTUP] = asyncio.create_task(_start_engine(app), name="engine-start")
     yield
     await cancel_and_wait(app[STARTUP])
     await app[SERVICE].close()
     await app[PIPELINE].close()
+    # What the sessions raised as they closed gets a moment to reach the sinks; the rest
+    # stays in the outbox file (events.outbox_dir) for the next start.
+    await events.close(drain_s=app[CONFIG].server.shutdown_grace_s)
     await keeper.shutdown()
 
 
@@ -497,6 +508,7 @@ def create_app(
     app[FEATURES] += ["track", "input_size"]
     if config.read.enabled:  # since protocol 2: settings.read (read.py)
         app[FEATURES].append("read")
+    app[FEATURES].append("events")  # since protocol 3: zones, rules, event messages
     started = time.time()
     app[STATE] = NodeState(node_id, started, Path(config.server.web_root or PACKAGE_WEB))
 
@@ -537,7 +549,12 @@ def create_app(
         on_superseded=superseded,
     )
     app[KEEPER] = keeper
-    app[CONNECTION_CTX] = ConnectionContext(config, pipeline, metrics, keeper, spec.label)
+    # Events (docs/events.md): every session's, to the sinks events.sinks names.
+    sinks = build_sinks(config.events, config.state, client_id=f"edge-vision-{node_id}")
+    hub = EventHub(config.events, sinks, metrics)
+    app[CONNECTION_CTX] = ConnectionContext(
+        config, pipeline, metrics, keeper, spec.label, hub, node_id
+    )
     app[AUTH] = _authenticator(config)
     # Held in clear, so redacted from every log line by their value (auth.redact_values).
     auth.redact_values([app[AUTH].token_secret, config.server.admin_token])

@@ -29,8 +29,8 @@ from ..frames.decode import check_pixel_limit, decode_base64, read_image_header
 
 #: The version this release speaks by default; SUPPORTED_VERSIONS are all it serves (the
 #: current and the previous one). What differs between them: edge_vision/session/versions.py.
-PROTOCOL_VERSION = 2
-SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2)
+PROTOCOL_VERSION = 3
+SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3)
 BINARY_HEADER_MAX = 64 * 1024
 _LEN = struct.Struct(">I")
 
@@ -47,6 +47,9 @@ class SettingsMessage:
     input_size: int | None = None  # since protocol 2: engine input long side
     clear_input_size: bool = False  # "input_size": null: back to the server's default
     read: bool | None = None  # since protocol 2: read the boxes' text (read.py); off default
+    # Since protocol 3: the session's own zones, lines and rules, as sent (checked by
+    # edge_vision.events); a key present with null clears it, an absent one keeps it.
+    events: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +160,12 @@ class MessageBudget:
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
 
 
+#: The settings of a session's own events (since protocol 3).
+_EVENTS = ("zones", "lines", "rules")
+
+
 def _settings(obj: dict[str, Any]) -> SettingsMessage:
-    known = {"type", "mode", "confidence", "classes", "track", "input_size", "read"}
+    known = {"type", "mode", "confidence", "classes", "track", "input_size", "read", *_EVENTS}
     extra = sorted(set(obj) - known)
     if extra:
         raise ClientError(
@@ -190,6 +197,12 @@ def _settings(obj: dict[str, Any]) -> SettingsMessage:
     read = obj.get("read")
     if read is not None and not isinstance(read, bool):
         raise ClientError("bad_settings", "'read' must be true or false")
+    events = {k: obj[k] for k in _EVENTS if k in obj}
+    for key, value in events.items():
+        kind = list if key == "rules" else dict
+        if value is not None and not isinstance(value, kind):
+            what = "a list of rules" if key == "rules" else "a mapping of name to points"
+            raise ClientError("bad_settings", f"'{key}' must be {what}, or null")
     return SettingsMessage(
         mode=mode,
         confidence=conf,
@@ -199,6 +212,7 @@ def _settings(obj: dict[str, Any]) -> SettingsMessage:
         input_size=size,
         clear_input_size="input_size" in obj and size is None,
         read=read,
+        events=events or None,
     )
 
 

@@ -11,7 +11,10 @@ so an unsalted fast hash is enough (nothing to brute-force).
 
 The session owns its tracker (:class:`~edge_vision.frames.track.Tracker`): the record
 carries its state (``tracks``), so a resumed session continues its track ids and keeps
-the tracks it had, on this node or another.
+the tracks it had, on this node or another. Since protocol 3 it also carries the session's
+own zones, lines and rules (``events``, from its ``settings``) and what its rules remember
+of its tracks (``rules``: plain JSON that edge_vision.events reads), so a resume raises no
+event twice.
 
 ``epoch`` orders the holders of one session: it starts at 1 and grows by one each time a
 connection resumes the session. The state store refuses a write that carries an older
@@ -29,6 +32,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +86,14 @@ class Session:
     secret_sha256: str = ""
     # The session's one tracker (track ids, and the tracks reading keeps its texts on).
     tracker: Tracker = field(default_factory=Tracker, compare=False, repr=False)
+    # Since protocol 3: the session's own zones, lines and rules (settings), plain JSON.
+    events: dict[str, Any] = field(default_factory=dict)
+    # What its rules remember of its tracks (edge_vision.events), plain JSON; while a
+    # connection runs them, ``rule_memory_source`` gives the current memory instead.
+    rule_memory: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    rule_memory_source: Callable[[], dict[str, Any]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if not self.secret_sha256 and self.secret:
@@ -104,6 +116,15 @@ class Session:
             "input_size": self.input_size,
             "read": self.read,
         }
+
+    def events_settings(self) -> dict[str, Any]:
+        """The session's own ``zones``, ``lines`` and ``rules`` (since protocol 3)."""
+        return {k: self.events.get(k, [] if k == "rules" else {}) for k in _EVENT_KEYS}
+
+    def memory(self) -> dict[str, Any]:
+        """What the session's rules remember now (see ``rule_memory``)."""
+        source = self.rule_memory_source
+        return source() if source is not None else self.rule_memory
 
     def counters(self) -> dict[str, int]:
         return {c: getattr(self, c) for c in COUNTERS}
@@ -131,6 +152,8 @@ class Session:
             "last_seen": repr(self.last_seen),
             **{c: str(getattr(self, c)) for c in COUNTERS},
             "tracks": self.tracks_record(),
+            "events": json.dumps(self.events, separators=(",", ":")) if self.events else "",
+            "rules": _json_or_empty(self.memory()),
         }
 
     def tracks_record(self) -> str:
@@ -172,6 +195,9 @@ class Session:
                 last_seen=float(rec.get("last_seen", "0")),
                 **{c: int(rec.get(c, "0")) for c in COUNTERS},
                 tracker=_tracker_from(rec.get("tracks")),
+                events=_json_object(rec.get("events")),
+                rule_memory=_json_object(rec.get("rules")),
+                rule_memory_source=None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not a session record: {e}") from None
@@ -191,7 +217,25 @@ class Session:
             "connected_at": self.connected_at,
             "last_seen": self.last_seen,
             **self.counters(),
+            **({"events": self.events} if self.events else {}),
         }
+
+
+_EVENT_KEYS = ("zones", "lines", "rules")
+
+
+def _json_or_empty(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":")) if value else ""
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    """A JSON object a record field holds; {} for none (ValueError: not an object)."""
+    if not text:
+        return {}
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("a JSON object was expected")
+    return value
 
 
 def _tracker_from(text: str | None) -> Tracker:

@@ -1,6 +1,7 @@
 """Stage 8, reply: server messages serialised to JSON text. Sans-I/O.
 
-Shapes (docs/protocol.md): ``hello``, ``result``, ``error``, ``settings``, ``pong``.
+Shapes (docs/protocol.md): ``hello``, ``result``, ``error``, ``settings``, ``pong``,
+``closing`` and, since protocol 3, ``event``.
 A result echoes the client's ``id`` and ``ts`` unchanged; boxes are in original-frame
 pixels.
 """
@@ -64,8 +65,13 @@ def result(
     label: Callable[[int], str],
     dropped: int,
     tracks: Sequence[int] | None = None,
+    zones: Sequence[Sequence[str]] | None = None,
+    *,
+    texts: bool = True,
 ) -> str:
-    """``tracks``: one track id per detection (track.py), sent as each one's ``track``."""
+    """``tracks``: one track id per detection (track.py), sent as each one's ``track``;
+    ``zones`` (since protocol 3): the zones each one's anchor lies in; ``texts``: send
+    the text read in each box, when it was read (off: read for the session's rules only)."""
     dets = [
         {
             "box": [
@@ -83,11 +89,16 @@ def result(
     if tracks is not None:
         for d, track in zip(dets, tracks, strict=True):
             d["track"] = int(track)
-    if res.texts is not None:  # since protocol 2, a session reading text (read.py)
+    if zones is not None:
+        for d, names in zip(dets, zones, strict=True):
+            d["zones"] = list(names)
+    if res.texts is not None and texts:  # since protocol 2, a session reading text (read.py)
         for d, read in zip(dets, res.texts, strict=True):
             d["text"] = read.text if read is not None else None
             d["text_score"] = round(read.score, 4) if read is not None else None
     timing = {k: (int(v) if k == "batch_size" else round(v, 3)) for k, v in res.timing.items()}
+    if res.texts is not None and not texts:  # read for rules only: the session sees no read
+        timing.pop("read_ms", None)
     return _dumps(
         {
             "type": "result",
@@ -130,6 +141,11 @@ def settings(
         **(extra or {}),
     }
     return _dumps(body)
+
+
+def event(body: Mapping[str, Any]) -> str:
+    """Since protocol 3: an event one of the session's rules raised (docs/events.md)."""
+    return _dumps({"type": "event", **body})
 
 
 def pong(payload: Any) -> str:

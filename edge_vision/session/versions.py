@@ -1,7 +1,7 @@
 """Protocol versions a node serves, and every difference between them, in one table. Sans-I/O.
 
 A node serves the current version (:data:`~edge_vision.session.receive.PROTOCOL_VERSION`) and the
-one before it (:data:`~edge_vision.session.receive.SUPPORTED_VERSIONS`), so a cluster can be
+ones before it (:data:`~edge_vision.session.receive.SUPPORTED_VERSIONS`), so a cluster can be
 upgraded node by node while old and new clients stream (docs/protocol.md, "Versions").
 
 A client picks its version before the upgrade, with ``?protocol=N`` on the ``/ws`` URL;
@@ -45,6 +45,8 @@ class ProtocolVersion:
     ``result`` carry ``track``. ``text_reading``: with ``settings.read`` on, detections
     carry the ``text`` read in them (and ``timing.read_ms``). ``settings_extras``: the
     ``settings`` answer carries the session's ``track``, ``input_size`` and ``read``.
+    ``events`` (protocol 3): ``event`` messages, detections' ``zones``, and the session's
+    own ``zones``, ``lines`` and ``rules`` in ``settings`` (docs/events.md).
     """
 
     number: int
@@ -53,6 +55,7 @@ class ProtocolVersion:
     track_ids: bool = True
     text_reading: bool = True
     settings_extras: bool = True
+    events: bool = True
 
     def close_code(self, code: int) -> int:
         """The close code to send this version's client for the server's ``code``."""
@@ -83,8 +86,11 @@ PROTOCOLS: Final[Mapping[int, ProtocolVersion]] = MappingProxyType(
             track_ids=False,
             text_reading=False,
             settings_extras=False,
+            events=False,
         ),
-        2: ProtocolVersion(2),
+        # v2 knows no events: no event messages, no zones in results or settings.
+        2: ProtocolVersion(2, events=False),
+        3: ProtocolVersion(3),
     }
 )
 

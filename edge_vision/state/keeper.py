@@ -207,6 +207,24 @@ class StateKeeper:
             self._finals.popitem(last=False)
         self._wake.set()
 
+    async def still_released(self, session: Session) -> bool:
+        """No connection holds ``session`` now: not one of this node's, and not a newer
+        one elsewhere as far as the store says (unreachable: True, this node's view)."""
+        if session.id in self.live:
+            return False
+        try:
+            rec = await self._op(self.store.get_session(session.id))
+        except STORE_ERRORS as e:
+            self._failed(e, write=False)
+            return True
+        if rec is None:
+            return True  # ended or expired: nobody holds it
+        try:
+            epoch = int(rec.get("epoch", "0"))
+        except ValueError:
+            return True
+        return epoch <= session.epoch and rec.get("connected") != "1"
+
     def _recent_session(self, session_id: str) -> Session | None:
         entry = self._recent.get(session_id)
         if entry is None:

@@ -21,12 +21,12 @@ import functools
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ParamSpec, TypeVar
 
-import redis
 from redis import asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from ..common.redis_client import driver_info_options as driver_info_options
 from ..config import StateConfig
 from ..errors import StateUnavailable
 from .base import Record, SessionWrite, StateStore
@@ -91,17 +91,6 @@ def _unavailable(
             raise StateUnavailable(f"redis: {e or type(e).__name__}") from e
 
     return wrapper
-
-
-def driver_info_options() -> dict[str, Any]:
-    """The client name and version redis-py reports (CLIENT SETINFO), given up front:
-    left out, redis-py reads its package metadata from disk for every new connection,
-    a blocking file read on the event loop."""
-    try:
-        from redis.driver_info import DriverInfo  # redis-py >= 7
-    except ImportError:
-        return {"lib_version": redis.__version__}
-    return {"driver_info": DriverInfo(name="redis-py", lib_version=redis.__version__)}
 
 
 def _ms(seconds: float) -> int:

@@ -16,7 +16,7 @@ import {
   TokenExpired,
 } from "./client/index.js";
 import { Overlay } from "./overlay.js";
-import { PROTOCOL_VERSION, sameClasses } from "./protocol.js";
+import { EVENTS_SHOWN, PROTOCOL_VERSION, describeEvent, sameClasses } from "./protocol.js";
 import { FrameSender } from "./sender.js";
 import { SourceManager, naturalSize } from "./source.js";
 import { RollingWindow, TimingWindow } from "./stats.js";
@@ -50,6 +50,8 @@ const ui = {
   read: $("read"),
   readTexts: $("read-texts"),
   copyTexts: $("copy-texts"),
+  events: $("events"),
+  eventsNone: $("events-none"),
   quality: $("quality"),
   qualityValue: $("quality-value"),
   maxFps: $("max-fps"),
@@ -58,6 +60,7 @@ const ui = {
   wire: $("wire"),
   fit: $("fit"),
   view: $("view"),
+  compensate: $("compensate"),
   showHud: $("show-hud"),
 };
 
@@ -88,6 +91,7 @@ const client = new EdgeVisionClient(serverUrl(), {
   backoffMaxMs: 8000,
   onHello,
   onState,
+  onEvent: showEvent,
 });
 const sender = new FrameSender(client, {
   onSent: (frame) => {
@@ -178,6 +182,19 @@ function onRejected(_frame, error) {
   } else if (error instanceof MessageTooBig) {
     showBanner(`${error.message}; lower the quality or send size`, "error", 6000);
   }
+}
+
+/** An event (protocol 3) at the top of the list; the oldest leave past EVENTS_SHOWN. */
+function showEvent(event) {
+  const item = document.createElement("li");
+  const when = new Date((event.at ?? 0) * 1000).toLocaleTimeString();
+  item.textContent = `${when} ${describeEvent(event)}`;
+  item.dataset.rule = event.rule;
+  item.dataset.on = event.on;
+  item.dataset.track = String(event.track);
+  ui.events.prepend(item);
+  while (ui.events.children.length > EVENTS_SHOWN) ui.events.lastElementChild.remove();
+  ui.eventsNone.hidden = true;
 }
 
 /** The text read in the newest result's boxes, one per line, top to bottom (copyable). */
@@ -408,6 +425,7 @@ function applySendOptions() {
 function applyView() {
   ui.stage.style.setProperty("--fit", ui.fit.value);
   overlay.view = ui.view.value;
+  overlay.compensate = ui.compensate.checked;
   ui.hud.hidden = !ui.showHud.checked;
   requestRender();
 }
@@ -418,6 +436,7 @@ function savePrefs() {
   const prefs = {
     threshold: wanted.confidence,
     showHud: ui.showHud.checked,
+    compensate: ui.compensate.checked,
     inputSize: wanted.inputSize,
     track: wanted.track,
     read: wanted.read,
@@ -442,6 +461,7 @@ function loadPrefs() {
     if (typeof prefs[name] === "string") ui[name].value = prefs[name];
   }
   if (typeof prefs.showHud === "boolean") ui.showHud.checked = prefs.showHud;
+  if (typeof prefs.compensate === "boolean") ui.compensate.checked = prefs.compensate;
   // Checked against the server's offer when its hello comes (offerSessionOptions).
   if (Number.isInteger(prefs.inputSize) && prefs.inputSize > 0) wanted.inputSize = prefs.inputSize;
   if (typeof prefs.track === "boolean") wanted.track = prefs.track;
@@ -509,6 +529,7 @@ function showSourceFields() {
 function setPaused(paused) {
   sender.paused = paused;
   overlay.frozen = paused;
+  overlay.frozenAt = paused ? performance.now() : null; // boxes carried to the frozen picture
   sources.setPaused(paused);
   ui.pause.setAttribute("aria-pressed", String(paused));
   ui.pause.textContent = paused ? "Resume" : "Pause";
@@ -566,6 +587,8 @@ function animate(now) {
     // what is on screen, read by the browser tests and handy in devtools.
     const labelsDrawn = JSON.stringify(overlay.labels);
     if (ui.overlay.dataset.labels !== labelsDrawn) ui.overlay.dataset.labels = labelsDrawn;
+    // And the boxes (canvas pixels) with the time of the picture they were drawn for.
+    ui.overlay.dataset.drawn = JSON.stringify({ at: overlay.drawnAt, boxes: overlay.drawn });
   }
   requestAnimationFrame(animate);
 }
@@ -685,7 +708,7 @@ function main() {
       savePrefs();
     });
   }
-  for (const el of [ui.fit, ui.view, ui.showHud]) {
+  for (const el of [ui.fit, ui.view, ui.compensate, ui.showHud]) {
     el.addEventListener("change", () => {
       applyView();
       savePrefs();

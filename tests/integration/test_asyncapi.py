@@ -70,6 +70,7 @@ SERVER_MESSAGE = {
     "settings": "/components/schemas/SettingsAck",
     "pong": "/components/schemas/Pong",
     "closing": "/components/schemas/Closing",
+    "event": "/components/schemas/Event",
 }
 #: A text message from a client is valid when it is one of these.
 CLIENT_TEXT = {
@@ -108,7 +109,7 @@ def test_document_validates_with_the_asyncapi_parser() -> None:
     assert code == 0 and not errors, errors
     warnings = [d for d in out["diagnostics"] if d["severity"] == 1]
     assert not warnings, warnings
-    assert out["parsed"] == {"version": "3.0.0", "messages": 10}
+    assert out["parsed"] == {"version": "3.0.0", "messages": 11}
 
 
 def test_the_validator_refuses_a_broken_document(tmp_path: Path) -> None:
@@ -314,6 +315,10 @@ TEXT_CASES: list[tuple[str, Any, bool]] = [
     ("settings, read on", {"type": "settings", "read": True}, True),
     ("settings, read null", {"type": "settings", "read": None}, True),
     ("settings, read a number", {"type": "settings", "read": 1}, False),
+    ("settings, rules null", {"type": "settings", "rules": None, "zones": None}, True),
+    ("settings, rules a mapping", {"type": "settings", "rules": {"r": 1}}, False),
+    ("settings, zones a list", {"type": "settings", "zones": [[0, 0]]}, False),
+    ("settings, lines a number", {"type": "settings", "lines": 3}, False),
     ("ping", {"type": "ping", "payload": {"any": ["thing"]}}, True),
     ("ping, no payload", {"type": "ping"}, True),
     ("unknown type", {"type": "hello"}, False),

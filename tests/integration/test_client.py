@@ -57,7 +57,7 @@ def assert_text_found(res: Result, scene: Any = SCENE) -> None:
 async def test_hello_settings_and_frames_as_bytes_json_and_numpy(server: RunningServer) -> None:
     async with camera_client(server.ws_url, mode="every") as client:
         hello = client.hello
-        assert hello.protocol == 2 and hello.protocols == (1, 2)
+        assert hello.protocol == 3 and hello.protocols == (1, 2, 3)
         assert {"binary_frames", "resume"} <= hello.features
         assert hello.model == "PP-OCRv6_det_small" and hello.labels == ("text",)
         assert hello.settings.mode == "every" and hello.counters.received == 0
@@ -328,11 +328,11 @@ async def test_a_version_the_node_does_not_serve_is_protocol_not_served(
     server: RunningServer,
 ) -> None:
     client = EdgeVisionClient(server.ws_url)
-    client.protocol = 3  # a client of a future release
+    client.protocol = 4  # a client of a future release
     with pytest.raises(errors.ProtocolNotServed) as info:
         await client.connect()
     assert info.value.status == 400 and client.retries == 0
-    assert info.value.protocols == (1, 2) and "serves 1, 2" in info.value.body
+    assert info.value.protocols == (1, 2, 3) and "serves 1, 2, 3" in info.value.body
     await client.close()
 
 

@@ -1,4 +1,4 @@
-"""Protocol versions (docs/protocol.md, "Versions"): a node serves 1 and 2, a client picks.
+"""Protocol versions (docs/protocol.md, "Versions"): a node serves 1, 2 and 3, a client picks.
 
 The table is tested as a plain object; the negotiation through a real server on a real port.
 """
@@ -25,26 +25,28 @@ from ..support.server import RunningServer
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_node_serves_the_current_and_the_previous_version() -> None:
-    assert PROTOCOL_VERSION == 2
-    assert SUPPORTED_VERSIONS == (1, 2)
-    assert sorted(PROTOCOLS) == [1, 2]
-    assert CURRENT.number == 2
+def test_node_serves_the_current_and_the_previous_versions() -> None:
+    assert PROTOCOL_VERSION == 3
+    assert SUPPORTED_VERSIONS == (1, 2, 3)
+    assert sorted(PROTOCOLS) == [1, 2, 3]
+    assert CURRENT.number == 3
+    # Events (protocol 3): event messages, zones, a session's own rules; not for 1 or 2.
+    assert CURRENT.events and not PROTOCOLS[2].events and not PROTOCOLS[1].events
 
 
 @pytest.mark.parametrize(
-    ("asked", "number"), [(None, PROTOCOL_VERSION), ("1", 1), ("2", 2), ("02", 2)]
+    ("asked", "number"), [(None, PROTOCOL_VERSION), ("1", 1), ("2", 2), ("02", 2), ("3", 3)]
 )
 def test_choose_protocol_serves_known_versions(asked: str | None, number: int) -> None:
     assert choose_protocol(asked).number == number
 
 
-@pytest.mark.parametrize("asked", ["0", "3", "", "two", "-1", "1.0", " 2", "²", "9" * 30])
+@pytest.mark.parametrize("asked", ["0", "4", "", "two", "-1", "1.0", " 2", "²", "9" * 30])
 def test_choose_protocol_refuses_anything_else_and_names_the_served_versions(asked: str) -> None:
     with pytest.raises(UnsupportedProtocol) as info:
         choose_protocol(asked)
-    assert info.value.supported == (1, 2)
-    assert "serves 1, 2" in str(info.value)
+    assert info.value.supported == (1, 2, 3)
+    assert "serves 1, 2, 3" in str(info.value)
 
 
 def test_v1_clients_get_only_the_close_codes_protocol_1_documents() -> None:
@@ -63,7 +65,7 @@ async def test_hello_without_a_version_speaks_the_current_one(server: RunningSer
         ws, hello = await connect(s, server.ws_url)
         await ws.close()
     assert hello["protocol"] == PROTOCOL_VERSION
-    assert hello["protocols"] == [1, 2]
+    assert hello["protocols"] == [1, 2, 3]
     assert set(BASE_FEATURES) <= set(hello["features"])
     assert "binary_frames" in hello["features"] and "resume" in hello["features"]
 
@@ -90,7 +92,7 @@ async def test_a_protocol_1_client_still_streams(server: RunningServer, wire: st
         assert_box_overlaps(r, ref, iou_min=0.7)
 
 
-@pytest.mark.parametrize("asked", ["3", "0", "latest"])
+@pytest.mark.parametrize("asked", ["4", "0", "latest"])
 async def test_unknown_version_is_refused_with_400_listing_the_served_ones(
     server: RunningServer, asked: str
 ) -> None:
@@ -102,8 +104,8 @@ async def test_unknown_version_is_refused_with_400_listing_the_served_ones(
             assert r.status == 400
             body = await r.json()
     assert body["error"] == "unsupported_protocol"
-    assert body["protocols"] == [1, 2]
-    assert "serves 1, 2" in body["message"]
+    assert body["protocols"] == [1, 2, 3]
+    assert "serves 1, 2, 3" in body["message"]
 
 
 async def test_protocol_1_results_and_settings_answers_keep_their_v1_fields(

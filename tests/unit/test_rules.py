@@ -188,6 +188,17 @@ def test_a_wrong_events_config_is_refused_saying_what_is_wrong(
     assert says in str(e.value)
 
 
+def test_a_yaml_config_file_with_a_bare_on_key_loads(tmp_path: Any) -> None:
+    """YAML 1.1 reads ``on:`` as the boolean true; the rule still gets its kind."""
+    path = tmp_path / "events.yaml"
+    path.write_text(
+        "events:\n  zones: {dock: [[0, 0], [1, 0], [1, 1]]}\n"
+        "  rules:\n    - name: lot\n      on: appear\n      zone: dock\n"
+    )
+    (r,) = load_config(path, environ={}).events.rules
+    assert (r.name, r.on, r.zone) == ("lot", "appear", "dock")
+
+
 # -- one session's rules --------------------------------------------------------------------
 
 NODE = EventsConfig.model_validate(
