@@ -127,6 +127,7 @@ def load_run(
     from tqdm import tqdm
 
     # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
+    from .gpu import GpuSampler
     from .load import (
         CameraPlan,
         children_cpu_seconds,
@@ -187,7 +188,9 @@ def load_run(
     threads0 = thread_cpu_seconds(server_pid) if server_pid else {}
     host0 = host_cpu_ticks()
     cameras_cpu0 = children_cpu_seconds()
+    gpu = GpuSampler.start()  # nvidia-smi's memory and utilisation, where it is
     results = run_cameras(plans, on_tick=tick, cameras_per_process=args.cameras_per_process)
+    gpu_fields = gpu.stop()
     cameras_cpu = children_cpu_seconds() - cameras_cpu0
     host_share = host_cpu_share(host0, host_cpu_ticks())
     by_role = cpu_by_role(threads0, thread_cpu_seconds(server_pid)) if server_pid else {}
@@ -256,6 +259,7 @@ def load_run(
         "server_cpu_by_thread_s": {k: round(v, 2) for k, v in by_role.items()},
         "host_cpu_share": {k: round(v, 4) for k, v in host_share.items()},
         "cameras_per_process": args.cameras_per_process,
+        **gpu_fields,  # gpu_mem_mib (the node's GPUs), gpu_util_pct: absent without a GPU
         "rss_mib": {
             "after_5s_min": min(rss_after5, default=float("nan")),
             "after_5s_max": max(rss_after5, default=float("nan")),
