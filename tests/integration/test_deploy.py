@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from edge_vision.config import Config, load_config
+from edge_vision.gpu_process.handoff import ring_bytes
 
 from ..support import kustomize
 from ..support.timing import T
@@ -133,6 +134,26 @@ def test_compose_overrides_name_images_that_exist(override: str) -> None:
     service = compose(override)["services"]["edge-vision"]
     base_build = compose()["services"]["edge-vision"]["build"]
     assert (COMPOSE / base_build["context"] / service["build"]["dockerfile"]).is_file()
+
+
+def _mib(size: str) -> float:
+    """A compose size (``256mb``, ``1gb``) in MiB."""
+    value, unit = re.fullmatch(r"(\d+)([kmg])b?", size.lower()).groups()  # type: ignore[union-attr]
+    return int(value) * {"k": 1 / 1024, "m": 1, "g": 1024}[unit]
+
+
+@pytest.mark.parametrize(
+    ("name", "workers"), [("docker-compose.yml", 1), ("gpu.yml", 12), ("jetson.yml", 1)]
+)
+def test_compose_gives_the_nodes_the_shared_memory_their_hand_off_rings_need(
+    name: str, workers: int
+) -> None:
+    """server.gpu_process puts one ring of 4 x server.max_message_bytes a worker in
+    /dev/shm, whose Docker default (64 MiB) holds two: each node file sets shm_size for the
+    workers it runs (12 on a GPU host under MPS, engines/choice.py), with room to spare."""
+    node = compose(name)["services"]["edge-vision"]
+    need = workers * ring_bytes(Config()) / 2**20
+    assert _mib(node["shm_size"]) >= 2 * need, (name, node.get("shm_size"))
 
 
 def node_config(docs: dict[kustomize.Key, Any], tmp_path: Path) -> Config:
