@@ -42,7 +42,7 @@ from ..frames.infer import InferenceService
 from ..model.spec import ModelSpec, load_model_spec
 from ..session import reply
 from ..session.receive import PROTOCOL_VERSION
-from ..session.record import MAX_FORWARDED_FOR, Session, new_session
+from ..session.record import MAX_FORWARDED_FOR, Session, new_secret, new_session
 from ..session.versions import BASE_FEATURES, SUBPROTOCOL, choose_protocol, refusal
 from ..state import StateKeeper, create_store
 from . import auth
@@ -353,11 +353,14 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
     expiry = _close_when_expired(conn, request.get(PRINCIPAL))
     spec = service.spec
     features: list[str] = app[FEATURES]
+    # Since protocol 3 a resume hands out a new token; the old one stops working once
+    # this hello was written (a hello lost before that leaves the old one valid).
+    fresh = new_secret() if resumed and protocol.rotating_resume_tokens else None
     try:
         await conn.send(
             reply.hello(
                 session_id=session.id,
-                resume_token=session.resume_token,
+                resume_token=f"{session.id}.{fresh}" if fresh else session.resume_token,
                 resumed=resumed,
                 model=spec.name,
                 labels=list(spec.labels),
@@ -388,6 +391,9 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
                 features=features,
             )
         )
+        if fresh:
+            session.use_secret(fresh)
+            keeper.touch(session)  # the store's hash too, at once
         await conn.serve()
     except Exception as e:
         # A client gone while we wrote (ConnectionDone: its hello, say) is no failure.

@@ -103,6 +103,12 @@ class Session:
     def resume_token(self) -> str:
         return f"{self.id}.{self.secret}"
 
+    def use_secret(self, secret: str) -> None:
+        """From now on only ``secret`` resumes this session (its token rotated: since
+        protocol 3 a resume hands out a new one, :func:`new_secret`)."""
+        self.secret = secret
+        self.secret_sha256 = secret_digest(secret)
+
     def frame_settings(self) -> FrameSettings:
         classes = frozenset(self.classes) if self.classes is not None else None
         return FrameSettings(self.confidence, classes, self.input_size)
@@ -252,6 +258,11 @@ def _tracker_from(text: str | None) -> Tracker:
         return Tracker()
 
 
+def new_secret() -> str:
+    """A resume secret: 144 random bits, URL-safe."""
+    return secrets.token_urlsafe(18)
+
+
 def new_session(
     node_id: str,
     mode: Mode,
@@ -262,7 +273,7 @@ def new_session(
 ) -> Session:
     return Session(
         id=secrets.token_hex(8),
-        secret=secrets.token_urlsafe(18),
+        secret=new_secret(),
         node_id=node_id,
         mode=mode,
         confidence=confidence,

@@ -47,6 +47,9 @@ class ProtocolVersion:
     ``settings`` answer carries the session's ``track``, ``input_size`` and ``read``.
     ``events`` (protocol 3): ``event`` messages, detections' ``zones``, and the session's
     own ``zones``, ``lines`` and ``rules`` in ``settings`` (docs/events.md).
+    ``rotating_resume_tokens`` (protocol 3): a resumed session's ``hello`` carries a new
+    resume token and the one it was resumed with stops working (a copied token serves
+    once); versions before it keep the token they had, as they were promised.
     """
 
     number: int
@@ -56,6 +59,7 @@ class ProtocolVersion:
     text_reading: bool = True
     settings_extras: bool = True
     events: bool = True
+    rotating_resume_tokens: bool = True
 
     def close_code(self, code: int) -> int:
         """The close code to send this version's client for the server's ``code``."""
@@ -87,9 +91,11 @@ PROTOCOLS: Final[Mapping[int, ProtocolVersion]] = MappingProxyType(
             text_reading=False,
             settings_extras=False,
             events=False,
+            rotating_resume_tokens=False,
         ),
         # v2 knows no events: no event messages, no zones in results or settings.
-        2: ProtocolVersion(2, events=False),
+        # ... and keeps its resume token across resumes.
+        2: ProtocolVersion(2, events=False, rotating_resume_tokens=False),
         3: ProtocolVersion(3),
     }
 )

@@ -248,9 +248,8 @@ class StateKeeper:
         final = self._finals.get(sid)
         if final is not None and final.kind == "ended":
             return None
-        local = self.live.get(sid) or self._recent_session(sid)
-        if local is not None and not token_matches(local, secret):
-            local = None
+        mine = self.live.get(sid) or self._recent_session(sid)
+        local = mine if mine is not None and token_matches(mine, secret) else None
         stored: Session | None = None
         try:
             rec = await self._op(self.store.get_session(sid))
@@ -262,10 +261,18 @@ class StateKeeper:
                 stored = Session.from_record(rec)
             except ValueError as e:
                 log.warning("ignoring unreadable session record %s: %s", sid, e)
-        if stored is not None and not token_matches(stored, secret):
+        if stored is not None and mine is not None and mine.epoch >= stored.epoch:
+            # This node's copy is as new as the store's and knows the newest secret (a
+            # protocol 3 resume rotates it here before the store has the new hash): its
+            # secret decides, checked before anything else is done for this token.
+            if local is None:
+                return None
+        elif stored is not None and not token_matches(stored, secret):
             return None  # checked before anything else is done for this token
         if stored is not None and stored.connected and stored.node_id != self.node_id:
             stored = await self._await_release(stored)
+            if stored is not None and not token_matches(stored, secret):
+                return None  # the holder rotated the token before it let go (protocol 3)
         if stored is not None and (local is None or stored.epoch >= local.epoch):
             try:
                 claimed = await self._op(self.store.claim_session(sid, self.node_id, stored.epoch))
