@@ -16,7 +16,10 @@ the same two pipeline steps; only the pipeline and the service behind them diffe
   :data:`~edge_vision.frames.infer.SUPERSEDED`, or the error the frame earned; then reads
   the boxes' text on the worker when the session asked (the recogniser stays here).
   A full ring refuses a ``latest`` frame at once and lets an ``every`` frame wait up to
-  ``server.memory_wait_s`` (``over_memory_budget``, as the memory budget does).
+  ``server.memory_wait_s`` (``over_memory_budget``, as the memory budget does). While no
+  GPU process is ready (one is being restarted) a frame waits for it up to
+  :data:`RESTART_WAIT_S`; the frames that were in it when it was lost are answered
+  ``engine_unavailable`` at once (:mod:`.link`).
 * :class:`GpuProcessService` stands where the inference service stands for the server:
   ready while a GPU process is, its engine's state (and each GPU process's, under
   ``details.gpu_process``) in /readyz and hello, ``engine_unavailable`` while none is.

@@ -9,9 +9,10 @@ worker runs: the node's main process restarts a GPU process that died or hung.
 When the connection ends (the GPU process died, was killed for a hang, or stopped), every
 frame this worker had handed it is answered at once: its future raises
 :class:`~edge_vision.errors.EngineUnavailable` ("the GPU process stopped ...", which the
-session answers as ``engine_unavailable``, counted rejected), never left waiting; and
-until a GPU process is back and ready, :meth:`GpuLink.submit` refuses at once the same way.
-The connections stay open meanwhile: only the frames are refused.
+session answers as ``engine_unavailable``, counted rejected), never left waiting; until a
+GPU process is back and ready, :meth:`GpuLink.submit` refuses at once the same way (the
+worker's pipeline waits for it before submitting: :mod:`.handoff`). The connections stay
+open meanwhile.
 """
 
 from __future__ import annotations

@@ -211,15 +211,17 @@ def test_the_loop_bench_times_the_server_s_cpu_a_message_on_each_loop(tmp_path: 
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["slots", "ring"])
 def test_the_handoff_bench_passes_every_frame_through_shared_memory_and_times_both_sides(
-    tmp_path: Path,
+    tmp_path: Path, transport: str
 ) -> None:
     """python -m benchmarks.handoff, tiny: every frame's reply comes back from the
     other process (the bench fails on a reply that is not its frame's), and both sides'
-    CPU a frame is reported for each batch size."""
+    CPU a frame is reported for each batch size; ``ring``: through the GPU process's own
+    ring and messages (edge_vision/gpu_process)."""
     proc, report = small_bench(
         "handoff",
-        *("--frames", "3000", "--batches", "1,8", "--rounds", "1"),
+        *("--frames", "3000", "--batches", "1,8", "--rounds", "1", "--transport", transport),
         json_out=tmp_path / "handoff.json",
         timeout=T(100),
     )
@@ -229,6 +231,25 @@ def test_the_handoff_bench_passes_every_frame_through_shared_memory_and_times_bo
         assert r["frames"] == 3000 and r["frames_per_s"] > 0
         assert r["worker_cpu_us_per_frame"] > 0 and r["gpu_process_cpu_us_per_frame"] > 0
     assert set(report["median"]) == {"1", "8"}
+
+
+@pytest.mark.timeout(180)
+def test_the_gpu_process_bench_answers_every_frame_and_times_the_processs_own_python(
+    tmp_path: Path,
+) -> None:
+    """python -m benchmarks.gpu_process, tiny: the real GPU process with a decoder and an
+    engine that do no work answers every frame of two workers' rings (the bench fails on
+    any other answer), and its CPU a frame, all and its event loop's, is reported."""
+    proc, report = small_bench(
+        "gpu_process",
+        *("--frames", "400", "--workers", "2", "--rounds", "1"),
+        json_out=tmp_path / "gpu_process.json",
+        timeout=T(150),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    (run,) = report["runs"]
+    assert run["frames"] == 400 and run["frames_per_s"] > 0
+    assert 0 < run["loop_cpu_us_per_frame"] <= run["gpu_process_cpu_us_per_frame"]
 
 
 @pytest.mark.timeout(240)
