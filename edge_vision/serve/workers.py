@@ -414,6 +414,8 @@ def _worker_main(
     config = Config.model_validate_json(config_json)
     if config.state.node_id:
         config.state.node_id = f"{config.state.node_id}-w{index}"
+    if config.events.outbox_dir is not None:  # each worker delivers its own events
+        config.events.outbox_dir = config.events.outbox_dir / f"w{index}"
     # What this worker's code notifies (a plan build's progress) goes to the parent.
     systemd.set_relay(lambda state: beats.put(("notify", index, state)))
 

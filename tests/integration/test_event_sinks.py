@@ -15,6 +15,9 @@ and a real HTTP receiver on loopback, a real server streamed to by the real clie
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -323,3 +326,24 @@ async def test_leave_reaches_the_sinks_when_a_session_ends_and_when_its_camera_i
     assert (got[1].body["on"], got[1].body["frame_id"]) == ("leave", 11)
     assert got[1].body["session"] != ended.body["session"]
     assert waited >= 1.0, waited  # the tracks' keep time: a resume would have kept them
+
+
+@pytest.mark.timeout(180)
+def test_the_events_bench_times_the_rules_and_delivers_every_event(tmp_path: Path) -> None:
+    """python -m benchmarks.events, tiny: the rules' cost with and without rules, and every
+    event delivered to a real receiver with the outbox in memory and on disk (the bench
+    waits for the last one, else it fails)."""
+    out = tmp_path / "events.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.events", "--frames", "40", "--labels", "3"]
+        + ["--events", "200", "--rounds", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=T(150),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert [(r["labels"], r["rules"]) for r in report["rules"]] == [(3, 0), (3, 10)]
+    assert all(r["median_ms"] > 0 for r in report["rules"])
+    assert [r["outbox"] for r in report["delivery"]] == ["memory", "disk"]
+    assert all(r["events"] == 200 and r["events_per_s"] > 0 for r in report["delivery"])
