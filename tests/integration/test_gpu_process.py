@@ -25,6 +25,7 @@ from edge_vision.common.messages import FrameMessage
 from edge_vision.common.settings import FrameSettings
 from edge_vision.config import Config
 from edge_vision.engines import Engine
+from edge_vision.errors import ClientError
 from edge_vision.frames.decode_batch import DecodeRequest, Prepared
 from edge_vision.frames.infer import Superseded
 from edge_vision.gpu_process.handoff import GpuProcessService, HandoffPipeline, worker_side
@@ -306,6 +307,35 @@ async def test_cpu_stand_in_a_closed_session_cancels_its_waiting_frame(
         await asyncio.wait_for(first, T(30))
     assert node.gate.decoded == 1
     assert service.in_flight == 0
+
+
+async def test_cpu_stand_in_full_ring_tells_a_latest_sender_at_once_and_holds_every_frames(
+    tmp_path: Path, spec: ModelSpec
+) -> None:
+    # A 64 KiB ring (4 x a 16 KiB message limit): five frames of ~11 KB fill it.
+    server = {"max_message_bytes": 16384, "memory_wait_s": T(10)}
+    async with gpu_node(tmp_path, spec, overrides={"server": server}) as node:
+        node.process.capacity = 1
+        service, pipeline = await node.worker()
+        node.gate.open.clear()  # nothing is answered: the ring fills up
+        waiting = []
+        while True:
+            waiting.append(asyncio.create_task(hand_over(pipeline, len(waiting), len(waiting))))
+            await asyncio.sleep(0.02)
+            if service.ring.put(JPEG, -1) is None:  # one more would not fit either
+                break
+            service.ring.free(service.ring._live[-1].record)
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(ClientError) as refused:  # latest: the sender is told at once
+            await hand_over(pipeline, 99, "cam-latest", key="cam-latest")
+        assert refused.value.code == "over_memory_budget" and "hand-off" in refused.value.message
+        assert asyncio.get_running_loop().time() - t0 < T(0.5)
+        held = asyncio.create_task(hand_over(pipeline, 100, "cam-every"))  # every: waits
+        await asyncio.sleep(0.3)
+        assert not held.done()
+        node.gate.open.set()  # answers come, records free, the every frame goes in
+        done = await asyncio.wait_for(asyncio.gather(held, *waiting), T(30))
+    assert [r.frame.id for r in done] == [100, *range(len(waiting))]
 
 
 def test_worker_rings_leave_nothing_in_dev_shm() -> None:
