@@ -219,10 +219,13 @@ async def test_cpu_stand_in_drops_a_replaced_frame_before_its_decode_and_the_boo
         runner = SessionRunner(core, pipeline, settings=lambda: SETTINGS, send=send)
         runner.start()
         node.gate.open.clear()  # frame 0 decoding, held
+        node.engine.gate.clear()  # and then held in the engine, so nothing replaces it
         for i in range(6):
             await runner.admit(message(i))
             await asyncio.sleep(0.05)  # each reaches the GPU process before the next
         node.gate.open.set()
+        await until(lambda: node.engine.held == 1)
+        node.engine.gate.set()
         await asyncio.wait_for(runner.wait_idle(), T(30))
         await runner.close()
     books = core.books
