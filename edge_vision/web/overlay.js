@@ -1,8 +1,10 @@
 // Boxes on the overlay canvas, aligned with the media element whatever its size, aspect
 // ratio, object-fit and device pixel ratio; each result mapped from the pixels of the frame
-// it belongs to. Old boxes fade out when results stop coming instead of lingering.
+// it belongs to, and over the live picture each tracked box carried to where its track is
+// on the frame now on screen (predict.js). Old boxes fade out when results stop coming.
 
 import { contentRect, frameToCanvas } from "./geometry.js";
+import { MotionModel } from "./predict.js";
 import { naturalSize } from "./source.js";
 
 const LABEL_FONT_PX = 12;
@@ -125,6 +127,20 @@ export class Overlay {
     this.mapping = null; // the last frame→canvas map, for tests and snapshots of the view
     this.labels = []; // the label rectangles last drawn (canvas pixels) and their text
     this.glideMs = 100; // a tracked box moves to its new place over this time, not at once
+    // Latency compensation (on by default; the page's "Compensate latency" box): over the
+    // live picture a tracked box is drawn where its track is predicted to be now.
+    this.compensate = true;
+    this.motion = new MotionModel();
+    this.frozenAt = null; // performance.now() when the picture froze (paused), else null
+    this.drawn = []; // the boxes last drawn (canvas pixels) and their tracks, for tests
+    this.drawnAt = null; // the picture time they were drawn for (ms since the epoch)
+  }
+
+  /** The time of the picture on screen at `now` (performance.now()), on the frames' `ts`
+   *  clock (the page stamps frames with performance.timeOrigin + capture time). */
+  pictureTime(now) {
+    const shown = this.frozen && this.frozenAt !== null ? this.frozenAt : now;
+    return performance.timeOrigin + shown;
   }
 
   /** A result arrived for `frame` (the SentFrame it answers). */
@@ -141,19 +157,35 @@ export class Overlay {
       }
     }
     if (prev && prev.frame !== frame) prev.frame.picture.close();
+    this.motion.observe(result.ts, result.detections, result.width, result.height);
     this.current = { result, frame, receivedAt, from, glideFrom: receivedAt };
   }
 
+  /** Whether boxes are carried to the picture on screen now (live view, compensation on). */
+  get predicting() {
+    return this.compensate && this.view === "live";
+  }
+
   /**
-   * The current detections as drawn at `now`: a tracked box glides from where it was drawn
-   * when this result came to its new place over `glideMs` (linear; over the live picture only).
+   * The current detections as drawn at `now`: over the live picture, with compensation on,
+   * each tracked box where its track is predicted to be on the picture shown at `now`; a
+   * tracked box glides from where it was drawn when this result came to that place over
+   * `glideMs` (linear; over the live picture only).
    */
   drawnDetections(now) {
     const { result, from, glideFrom } = this.current;
+    let target = result.detections;
+    if (this.predicting) {
+      const at = this.pictureTime(now);
+      target = target.map((d) => {
+        const box = this.motion.predict(d.track, d.box, result.ts, at);
+        return box === d.box ? d : { ...d, box };
+      });
+    }
     const k = (now - glideFrom) / this.glideMs;
-    if (from.size === 0 || k >= 1 || this.view !== "live") return result.detections;
+    if (from.size === 0 || k >= 1 || this.view !== "live") return target;
     const t = Math.max(0, k);
-    return result.detections.map((d) => {
+    return target.map((d) => {
       const a = d.track === undefined ? undefined : from.get(d.track);
       return a ? { ...d, box: d.box.map((v, i) => a[i] + (v - a[i]) * t) } : d;
     });
@@ -184,6 +216,8 @@ export class Overlay {
     this.visibleBoxes = 0;
     this.mapping = null;
     this.labels = [];
+    this.drawn = [];
+    this.drawnAt = null;
     const media = this.media();
     if (!media || !this.current || cssRect.width === 0) return Infinity;
     const nat = naturalSize(media);
@@ -214,8 +248,11 @@ export class Overlay {
     if (alpha > 0 && result.detections.length) {
       ctx.save();
       ctx.globalAlpha = alpha;
-      this.labels = drawDetections(ctx, this.drawnDetections(now), map, unit);
+      const shown = this.drawnDetections(now);
+      this.labels = drawDetections(ctx, shown, map, unit);
       ctx.restore();
+      this.drawn = shown.map((d) => ({ track: d.track ?? null, box: map.box(d.box) }));
+      this.drawnAt = this.pictureTime(now);
       this.visibleBoxes = result.detections.length;
     }
     return this._changesIn(now);
@@ -225,8 +262,11 @@ export class Overlay {
   // next animation frame, Infinity never.
   _changesIn(now) {
     if (!this.current || this.frozen || !this.current.result.detections.length) return Infinity;
-    const { from, glideFrom } = this.current;
+    const { from, glideFrom, result } = this.current;
     if (from.size && this.view === "live" && now - glideFrom < this.glideMs) return 0;
+    if (this.predicting && this.motion.moving(result.detections, result.ts, this.pictureTime(now))) {
+      return 0; // moving boxes follow the picture frame by frame
+    }
     const age = now - this.current.receivedAt;
     if (age < this.staleAfterMs) return this.staleAfterMs - age;
     return age < this.staleAfterMs + this.fadeMs ? 0 : Infinity;

@@ -172,5 +172,14 @@ def test_serve_from_another_directory_serves_the_page_and_its_scripts(
 
         status, ctype, _ = _get(f"{base}/static/style.css")
         assert (status, ctype) == (200, "text/css")
+
+        # The JavaScript client the page imports, for any page to import (docs/js-client.md),
+        # with its types and its package.json beside it.
+        for name in ("index.js", "client.js", "errors.js", "wire.js"):
+            status, ctype, script = _get(f"{base}/static/client/{name}")
+            assert status == 200 and ctype in ("text/javascript", "application/javascript")
+            assert b"export" in script, name
+        for name in ("index.d.ts", "package.json"):
+            assert _get(f"{base}/static/client/{name}")[0] == 200, name
     finally:
         stop_process(proc, signal.SIGTERM, T(15))

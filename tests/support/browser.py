@@ -159,9 +159,11 @@ class PageOpener:
         scale: float = 1,
         mobile: bool = False,
         init_script: str | None = None,
+        no_favicon: bool = False,
     ) -> tuple[Page, ConsoleWatch]:
         """``init_script``: JavaScript run in the page before its own (to slow a browser
-        API down, say)."""
+        API down, say). ``no_favicon``: answer /favicon.ico with 204, for a page that is not
+        the overlay page (a node's /healthz, say), whose icon request a node answers 404."""
         context = self.browser.new_context(
             viewport={"width": width, "height": height},
             device_scale_factor=scale,
@@ -172,6 +174,8 @@ class PageOpener:
         self.contexts.append(context)
         if init_script is not None:
             context.add_init_script(init_script)
+        if no_favicon:
+            context.route("**/favicon.ico", lambda route: route.fulfill(status=204))
         page = context.new_page()
         watch = ConsoleWatch().attach(page)
         self.watches.append(watch)
