@@ -264,7 +264,8 @@ export class Overlay {
     if (!this.current || this.frozen || !this.current.result.detections.length) return Infinity;
     const { from, glideFrom, result } = this.current;
     if (from.size && this.view === "live" && now - glideFrom < this.glideMs) return 0;
-    if (this.predicting && this.motion.moving(result.detections, result.ts, this.pictureTime(now))) {
+    const at = this.pictureTime(now);
+    if (this.predicting && this.motion.moving(result.detections, result.ts, at)) {
       return 0; // moving boxes follow the picture frame by frame
     }
     const age = now - this.current.receivedAt;

@@ -75,7 +75,9 @@ export class FrameSender {
     this.pending.delete(frame.id);
     frame.picture.close();
     if (error instanceof FrameRejected) this.handlers.onRejected(frame, error);
-    else if (!(error instanceof FrameDropped && error.dropCause === "latest")) this.handlers.onLost(1);
+    else if (!(error instanceof FrameDropped && error.dropCause === "latest")) {
+      this.handlers.onLost(1); // the connection closed on it
+    }
     this.tick();
   }
 

@@ -229,7 +229,8 @@ export class EdgeVisionClient {
     this.#fetch = options.fetch ?? (typeof fetch === "function" ? fetch.bind(globalThis) : null);
     if (options.protocol !== undefined) {
       if (!PROTOCOLS.includes(options.protocol)) {
-        throw new RangeError(`protocol ${options.protocol} is not one this client speaks: ${PROTOCOLS}`);
+        const speaks = PROTOCOLS.join(", ");
+        throw new RangeError(`protocol ${options.protocol} is not one this client speaks: ${speaks}`);
       }
       this.#protocol = options.protocol;
       this.#protocolGiven = true;
@@ -427,6 +428,7 @@ export class EdgeVisionClient {
    */
   async #openOnce(generation, resuming) {
     const token = await this.#token();
+    if (generation !== this.#generation) throw new Superseded();
     const { url, protocols } = handshake(this.url, {
       protocol: this.#protocol,
       mode: this.#o.mode,
@@ -439,7 +441,8 @@ export class EdgeVisionClient {
     } catch (e) {
       // Only an address that is no WebSocket URL throws here; retrying would not help.
       const why = e instanceof Error ? e.message : String(e);
-      throw new AttemptFailed(new ConnectFailed(this.url, `cannot connect to ${this.url}: ${why}`), false);
+      const error = new ConnectFailed(this.url, `cannot connect to ${this.url}: ${why}`);
+      throw new AttemptFailed(error, false);
     }
     ws.binaryType = "arraybuffer";
     this.#attempt = ws;
@@ -476,14 +479,16 @@ export class EdgeVisionClient {
         }
         if (!msg || msg.type !== "hello") {
           detach(ws, 1002, "expected hello");
-          const error = new ProtocolViolation(1002, `the server at ${this.url} sent no hello first`);
+          const why = `the server at ${this.url} sent no hello first`;
+          const error = new ProtocolViolation(1002, why);
           reject(new AttemptFailed(error, false));
           return;
         }
         const hello = /** @type {Hello} */ (msg);
         if (!PROTOCOLS.includes(hello.protocol)) {
           detach(ws);
-          const error = new ProtocolNotServed(this.url, 200, "hello names another version", hello.protocols ?? []);
+          const served = hello.protocols ?? [];
+          const error = new ProtocolNotServed(this.url, 200, "hello names another version", served);
           reject(new AttemptFailed(error, false));
           return;
         }
@@ -520,8 +525,10 @@ export class EdgeVisionClient {
    */
   async #whyRefused(url, token) {
     const where = this.url;
-    const unreachable = (/** @type {string} */ why) =>
-      new AttemptFailed(new ServerUnreachable(where, `cannot reach the server at ${where}${why}`), true);
+    const unreachable = (/** @type {string} */ why) => {
+      const error = new ServerUnreachable(where, `cannot reach the server at ${where}${why}`);
+      return new AttemptFailed(error, true);
+    };
     if (!this.#fetch) return unreachable("");
     let res;
     try {
@@ -534,7 +541,8 @@ export class EdgeVisionClient {
       return unreachable(other ? " (or it refused, and from another origin cannot say why)" : "");
     }
     const wrong = res.status === 200 || res.status === 404; // a page's HTML says nothing here
-    const body = wrong ? "" : (await res.text().catch(() => "")).trim().split("\n")[0].slice(0, 300);
+    const text = wrong ? "" : await res.text().catch(() => "");
+    const body = text.trim().split("\n")[0].slice(0, 300);
     if (res.status === 503 || res.status === 429) {
       const error = new ServerUnavailable(where, res.status, body || res.statusText);
       return new AttemptFailed(error, true, retryAfterMs(res.headers.get("Retry-After")));
@@ -623,14 +631,21 @@ export class EdgeVisionClient {
     const bytes = await imageBytes(image, options.quality ?? this.#o.quality);
     const hello = /** @type {Hello} */ (this.#hello);
     const limit = hello.limits?.max_message_bytes ?? 0; // 0: the node did not say
-    if (limit && bytes.length > limit) throw new MessageTooBig(null, "", { size: bytes.length, limit });
+    if (limit && bytes.length > limit) {
+      throw new MessageTooBig(null, "", { size: bytes.length, limit });
+    }
     const id = options.id ?? this.#nextId++;
-    if (this.#pending.has(id)) throw new TypeError(`frame id ${JSON.stringify(id)} is still waiting for its answer`);
+    if (this.#pending.has(id)) {
+      throw new TypeError(`frame id ${JSON.stringify(id)} is still waiting for its answer`);
+    }
     const ts = options.ts === undefined ? Date.now() : options.ts;
     const features = hello.features ?? ["binary_frames"];
-    const wire = options.wire ?? this.#o.wire ?? (features.includes("binary_frames") ? "binary" : "json");
-    const message = wire === "binary" ? encodeBinaryFrame(id, ts, bytes) : encodeJsonFrame(id, ts, bytes);
-    const size = typeof message === "string" ? new TextEncoder().encode(message).length : message.length;
+    const wire =
+      options.wire ?? this.#o.wire ?? (features.includes("binary_frames") ? "binary" : "json");
+    const message =
+      wire === "binary" ? encodeBinaryFrame(id, ts, bytes) : encodeJsonFrame(id, ts, bytes);
+    const size =
+      typeof message === "string" ? new TextEncoder().encode(message).length : message.length;
     if (limit && size > limit) throw new MessageTooBig(null, "", { size, limit });
     const ws = await this.#ready(); // encoding awaited: the connection may have changed
     /** @type {Deferred<Result>} */
@@ -691,7 +706,8 @@ export class EdgeVisionClient {
         reject(error);
       }, ms);
     });
-    return /** @type {Promise<T>} */ (Promise.race([promise, late]).finally(() => clearTimeout(timer)));
+    const answered = Promise.race([promise, late]).finally(() => clearTimeout(timer));
+    return /** @type {Promise<T>} */ (answered);
   }
 
   // -- receiving ----------------------------------------------------------------------
@@ -909,7 +925,8 @@ function detach(ws, code = CLOSE_LEAVE, reason = "") {
  */
 function parse(data) {
   try {
-    const text = typeof data === "string" ? data : new TextDecoder().decode(/** @type {ArrayBuffer} */ (data));
+    const bytes = /** @type {ArrayBuffer} */ (data);
+    const text = typeof data === "string" ? data : new TextDecoder().decode(bytes);
     const msg = JSON.parse(text);
     return msg !== null && typeof msg === "object" && !Array.isArray(msg) ? msg : null;
   } catch {
@@ -925,7 +942,9 @@ function parse(data) {
  */
 async function imageBytes(image, quality) {
   if (image instanceof ArrayBuffer) return new Uint8Array(image);
-  if (ArrayBuffer.isView(image)) return new Uint8Array(image.buffer, image.byteOffset, image.byteLength);
+  if (ArrayBuffer.isView(image)) {
+    return new Uint8Array(image.buffer, image.byteOffset, image.byteLength);
+  }
   /** @type {Blob} */
   let blob;
   if ("convertToBlob" in image) {
