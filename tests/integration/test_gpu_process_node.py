@@ -24,8 +24,11 @@ import aiohttp
 import pytest
 
 from edge_vision.common.aio import with_timeout
+from edge_vision.common.messages import FrameMessage
+from edge_vision.common.settings import FrameSettings
+from edge_vision.gpu_process.handoff import worker_side
 from edge_vision.gpu_process.ring import PREFIX, SHM_DIR
-from edge_vision.gpu_process.supervisor import HANG_AFTER_S
+from edge_vision.gpu_process.supervisor import HANG_AFTER_S, GpuProcessSupervisor
 from edge_vision.model.spec import load_model_spec
 
 from ..support.clients import connect, frame_binary
@@ -259,6 +262,59 @@ def test_a_killed_worker_stops_the_node_and_nothing_outlives_it(tmp_path: Path) 
         assert not shm_names()
     finally:
         node.stop()
+
+
+async def test_cpu_stand_in_two_gpu_processes_share_the_cameras_and_one_lost_spares_the_other(
+    tmp_path: Path,
+) -> None:
+    """A host with two GPUs, stood in for: two GPU processes under the supervisor, one
+    worker's sessions spread over them, and one of them killed mid-stream: its session's
+    frame in flight is reported, the other's is answered, and it comes back."""
+    config = make_config({"model": {"input_size": 320}, "engine": {"max_batch": 4}})
+    supervisor = await asyncio.to_thread(
+        GpuProcessSupervisor, config, "two-gpus", count=2, stand_in=True
+    )
+    await asyncio.to_thread(supervisor.start)
+    service, pipeline = await asyncio.to_thread(
+        worker_side,
+        config,
+        await asyncio.to_thread(load_model_spec, config.model),
+        supervisor.paths,
+        "two-gpus",
+    )
+    settings = FrameSettings(0.3)
+
+    async def one(i: int, owner: object) -> Any:
+        frame = FrameMessage(i, None, JPEG, False, time.perf_counter())
+        prepared = await pipeline.prepare(frame, settings, owner=owner)
+        return await pipeline.finish(frame, prepared, settings, time.perf_counter(), owner=owner)
+
+    try:
+        await with_timeout(service.start(), T(120))
+        await with_timeout(
+            until(service.changed, lambda: all(ln.ready for ln in service.links)), T(60)
+        )
+        owners = [object() for _ in range(4)]
+        first = await asyncio.gather(*(one(i, o) for i, o in enumerate(owners)))
+        assert all(r.width == 320 for r in first)
+        pids = [ln.status["pid"] for ln in service.links]
+        assert len(set(pids)) == 2
+        assert all(ln.connections == 1 for ln in service.links)
+        a, b = object(), object()
+        frames = [asyncio.create_task(one(10, a)), asyncio.create_task(one(11, b))]
+        await asyncio.sleep(0)  # both submitted, one to each (pick_link: the fewest in flight)
+        assert [ln.in_flight for ln in service.links] == [1, 1]
+        os.kill(pids[0], signal.SIGKILL)
+        got = await asyncio.gather(*frames, return_exceptions=True)
+        assert type(got[0]).__name__ == "EngineUnavailable" and got[1].width == 320
+        await with_timeout(until(service.changed, lambda: service.links[0].ready), T(WARM_START_S))
+        assert service.links[0].status["pid"] != pids[0] and service.links[0].losses == 1
+        assert (await one(12, object())).width == 320
+    finally:
+        await pipeline.close()
+        await service.close()
+        await asyncio.to_thread(supervisor.stop)
+    assert not await asyncio.to_thread(shm_names)
 
 
 def _gpu_pid(node: ServerProcess, ready_only: bool = False) -> int | None:
