@@ -50,13 +50,15 @@ def decide(mode: str, engine_kind: str, machine: Machine, gpus: int) -> GpuProce
     """``server.gpu_process`` (``mode``) for ``engine_kind`` on ``machine`` with ``gpus``
     GPUs: None when off; otherwise how many GPU processes, and whether the CPU stand-in.
     Pure: every branch is tested with literal machines."""
-    gpu_engine = engine_kind in ("torch", "tensorrt")
-    if mode == "off" or (mode == "auto" and not (gpu_engine and machine.gpu is not None)):
+    on_gpu = engine_kind in ("torch", "tensorrt") and machine.gpu is not None
+    if mode == "off" or (mode == "auto" and not on_gpu):
         return None
-    if machine.gpu is None or not gpu_engine:
-        why = "no NVIDIA GPU" if machine.gpu is None else f"engine {engine_kind} runs on the CPU"
-        return GpuProcessPlan(1, True, f"{why}: the CPU stand-in (ONNX Runtime, host decode)")
-    return GpuProcessPlan(gpus, False, f"{gpus} GPU(s): one GPU process each")
+    if on_gpu:
+        return GpuProcessPlan(gpus, False, f"{gpus} GPU(s): one GPU process each")
+    if engine_kind == "triton":  # a remote engine: one process forms the node's batches
+        return GpuProcessPlan(1, False, "engine triton: one process batches for the node")
+    why = "no NVIDIA GPU" if machine.gpu is None else f"engine {engine_kind} runs on the CPU"
+    return GpuProcessPlan(1, True, f"{why}: the CPU stand-in (ONNX Runtime, host decode)")
 
 
 def plan(config: Config) -> GpuProcessPlan | None:

@@ -40,6 +40,9 @@ def test_the_setting_on_a_described_machine() -> None:
     assert "stand-in" in stand_in.reason
     forced = decide("on", "torch", CPU, 0)  # no GPU here: the stand-in, said so
     assert forced is not None and forced.stand_in and "no NVIDIA GPU" in forced.reason
+    remote = decide("on", "triton", CPU, 0)  # Triton's engine is elsewhere: kept, not stood in
+    assert remote is not None and not remote.stand_in and remote.count == 1
+    assert decide("auto", "triton", H100, 1) is None
 
 
 def test_yaml_on_and_off_mean_the_words() -> None:
