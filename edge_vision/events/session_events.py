@@ -213,9 +213,11 @@ class SessionEvents:
     # -- the end of the connection -------------------------------------------------------
 
     def close(self) -> None:
-        """The connection is done with the session: its memory stays as plain data."""
-        self.session.rule_memory = self.rules.state()
-        self.session.rule_memory_source = None
+        """The connection is done with the session: its memory stays as plain data
+        (unless a newer connection of this node runs the session's rules already)."""
+        if self.session.rule_memory_source == self.rules.state:
+            self.session.rule_memory = self.rules.state()
+            self.session.rule_memory_source = None
 
     def end(self) -> None:
         """The session ended (its client closed it): every live track ends now."""

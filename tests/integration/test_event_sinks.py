@@ -335,8 +335,10 @@ def test_the_events_bench_times_the_rules_and_delivers_every_event(tmp_path: Pat
     waits for the last one, else it fails)."""
     out = tmp_path / "events.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.events", "--frames", "40", "--labels", "3"]
-        + ["--events", "200", "--rounds", "1", "--json", str(out)],
+        [
+            *(sys.executable, "-m", "benchmarks.events", "--frames", "40", "--labels", "3"),
+            *("--events", "200", "--rounds", "1", "--json", str(out)),
+        ],
         capture_output=True,
         text=True,
         timeout=T(150),
