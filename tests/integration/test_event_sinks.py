@@ -15,6 +15,7 @@ and a real HTTP receiver on loopback, a real server streamed to by the real clie
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from typing import Any
 
 import aiohttp
 import aiomqtt
+import cv2
+import numpy as np
 import orjson
 import pytest
 from redis import asyncio as aioredis
@@ -349,3 +352,25 @@ def test_the_events_bench_times_the_rules_and_delivers_every_event(tmp_path: Pat
     assert all(r["median_ms"] > 0 for r in report["rules"])
     assert [r["outbox"] for r in report["delivery"]] == ["memory", "disk"]
     assert all(r["events"] == 200 and r["events_per_s"] > 0 for r in report["delivery"])
+
+
+async def test_a_rule_with_crop_sends_the_sinks_a_jpeg_of_the_box_within_its_cap(
+    server_factory: Factory, receiver: WebhookReceiver
+) -> None:
+    cfg = overrides(
+        [{"name": "lot", "on": "appear", "crop": True}],
+        webhook={"url": receiver.url, "secret": SECRET},
+    )
+    cfg["events"]["crop_max_bytes"] = 4096
+    srv = await server_factory(cfg)
+    (event,) = await stream_for_events(srv.ws_url, 2, events=1)
+    (hook,) = await receiver.wait_for(1, T(10))
+    assert "crop" not in event.raw  # the WebSocket's client has the frame
+    jpg = base64.b64decode(hook.body["crop"])
+    assert jpg[:2] == b"\xff\xd8" and len(jpg) <= 4096
+    pixels = cv2.imdecode(np.frombuffer(jpg, np.uint8), cv2.IMREAD_COLOR)
+    x1, y1, x2, y2 = event.box
+    h, w = pixels.shape[:2]
+    # The box with a 10 % margin (made smaller only if it did not fit the cap).
+    assert w / h == pytest.approx((x2 - x1) / (y2 - y1), rel=0.3)
+    assert w <= 1.25 * (x2 - x1) + 2
