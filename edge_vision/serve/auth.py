@@ -61,6 +61,8 @@ TOKEN_PREFIX = "ev1"
 SECRET_QUERY_PARAMS = frozenset({QUERY_TOKEN, "resume", "token"})
 MIN_SECRET_BYTES = 32
 MAX_CREDENTIAL_CHARS = 4096
+#: How deep a token's claims may nest (ours are 2 deep: the scope list in the payload).
+MAX_CLAIM_DEPTH = 8
 #: The latest ``exp`` a token may carry (year 9999): a claim past it is malformed, not a
 #: number to compare (10**400 is a valid JSON integer).
 MAX_EXP = 253_402_300_799
@@ -141,6 +143,18 @@ def mint_token(
     return f"{signed}.{_b64e(_sign(secret, signed))}"
 
 
+def _nesting(value: object) -> int:
+    """How deep lists and objects nest in a parsed JSON value (iterative: no recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def verify_token(secret: bytes, token: str, now: float | None = None) -> Principal:
     """The principal a signed token names; :class:`AuthError` 401 when it is malformed,
     forged or expired (the signature is checked before anything in it is believed)."""
@@ -156,7 +170,7 @@ def verify_token(secret: bytes, token: str, now: float | None = None) -> Princip
         payload = json.loads(_b64d(parts[1]))
     except (ValueError, binascii.Error, RecursionError):  # RecursionError: claims nested deep
         raise AuthError(401, "malformed token") from None
-    if not isinstance(payload, dict):
+    if not isinstance(payload, dict) or _nesting(payload) > MAX_CLAIM_DEPTH:
         raise AuthError(401, "malformed token")
     sub, exp, scp = payload.get("sub"), payload.get("exp"), payload.get("scp")
     if (
