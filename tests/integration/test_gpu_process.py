@@ -73,17 +73,41 @@ class HeldEngine(Engine):
         pass
 
 
+class _Flag(threading.Event):
+    """An event whose changes wake the waiters of ``changed`` too."""
+
+    def __init__(self, changed: threading.Condition) -> None:
+        super().__init__()
+        self._wake = changed
+
+    def set(self) -> None:
+        super().set()
+        with self._wake:
+            self._wake.notify_all()
+
+
 class DecodeGate:
-    """Holds the GPU process's host decodes while closed, and counts them."""
+    """Holds the GPU process's host decodes while closed (but for the ones let through
+    with :meth:`let`), and counts them."""
 
     def __init__(self, decode: Callable[[DecodeRequest], Prepared]) -> None:
         self._decode = decode
-        self.open = threading.Event()
+        self._changed = threading.Condition()
+        self.open = _Flag(self._changed)
         self.open.set()
         self.decoded = 0
+        self._permits = 0
+
+    def let(self, n: int = 1) -> None:
+        with self._changed:
+            self._permits += n
+            self._changed.notify_all()
 
     def __call__(self, request: DecodeRequest) -> Prepared:
-        self.open.wait(T(30))
+        with self._changed:
+            self._changed.wait_for(lambda: self.open.is_set() or self._permits > 0, T(30))
+            if not self.open.is_set():
+                self._permits -= 1
         self.decoded += 1
         return self._decode(request)
 
@@ -223,8 +247,9 @@ async def test_cpu_stand_in_drops_a_replaced_frame_before_its_decode_and_the_boo
         for i in range(6):
             await runner.admit(message(i))
             await asyncio.sleep(0.05)  # each reaches the GPU process before the next
-        node.gate.open.set()
+        node.gate.let(1)  # frame 0 decodes and goes into the engine
         await until(lambda: node.engine.held == 1)
+        node.gate.open.set()  # then the newest, which waited in the queue
         node.engine.gate.set()
         await asyncio.wait_for(runner.wait_idle(), T(30))
         await runner.close()
