@@ -36,6 +36,7 @@ pytestmark = pytest.mark.timeout(180)
 #: Every check doctor runs on a machine without a GPU, by name.
 CPU_CHECKS = {
     "platform",
+    "engine choice",
     "jetpack / l4t",
     "cuda",
     "cuda layer",

@@ -41,7 +41,7 @@ def test_each_kind_finds_the_engine_of_its_module() -> None:
 def test_an_unknown_kind_is_refused_at_start_naming_the_known_ones() -> None:
     with pytest.raises(ConfigError) as err:
         load_config(None, environ={}, cli={"engine": {"kind": "openvino"}})
-    known = "known: onnxruntime, torch, tensorrt, triton"
+    known = "known: auto, onnxruntime, torch, tensorrt, triton"
     assert f"unknown engine 'openvino'; {known}" in str(err.value)
     with pytest.raises(EngineError, match="unknown engine 'openvino'"):
         engine_class("openvino")
@@ -60,7 +60,9 @@ def test_the_cli_help_lists_every_kind(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "onnxruntime | torch | tensorrt | triton (engine.kind)" in help_text
+    assert (
+        "auto | onnxruntime | torch | tensorrt | triton (engine.kind; default: auto)" in help_text
+    )
 
 
 def test_the_engine_active_series_has_every_kind() -> None:
