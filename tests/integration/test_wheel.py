@@ -10,6 +10,7 @@ imported from the new environment, not from this checkout, keeps that honest.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -42,6 +43,11 @@ class Installed:
     @property
     def bin(self) -> Path:
         return self.venv / "bin"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """This environment without PYTHONPATH, which would put a checkout first."""
+        return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 def _tree_as_cloned(dest: Path) -> Path:
@@ -110,6 +116,7 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(installed: Installe
     out = subprocess.run(
         [str(installed.bin / "python"), "-c", "import edge_vision; print(edge_vision.__file__)"],
         cwd=installed.elsewhere,
+        env=installed.env,
         capture_output=True,
         text=True,
         check=True,
@@ -123,6 +130,7 @@ def test_version_is_the_wheels_version(installed: Installed) -> None:
     out = subprocess.run(
         [str(installed.bin / "edge-vision"), "--version"],
         cwd=installed.elsewhere,
+        env=installed.env,
         capture_output=True,
         text=True,
         check=True,
@@ -141,6 +149,7 @@ def test_serve_from_another_directory_serves_the_page_and_its_scripts(
         proc = subprocess.Popen(
             argv,
             cwd=installed.elsewhere,
+            env=installed.env,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
