@@ -93,9 +93,9 @@ class RateMeter:
         return self.rate
 
 
-#: Priors until a route has been measured (docs/benchmarks.md, H100 2026-12-07 and H200
-#: 2026-12-01): the hardware engine ~5,000 frames/s of 1280x720, the CUDA decoder about
-#: as fast while the SMs have room, a host core ~267 (libjpeg-turbo at DCT 1/2).
+#: Each route's frames a second of 1280x720 JPEGs until it has been measured here: the
+#: hardware JPEG engine, the CUDA decoder while the SMs have room, and one host core with
+#: libjpeg-turbo at DCT 1/2 (the figures: docs/benchmarks.md, "the one-process ceiling").
 PRIOR_RATES = {"hw": 5000.0, "cuda": 3000.0, "host_per_thread": 267.0}
 
 
