@@ -69,6 +69,7 @@ class EventHub:
         self._store = OutboxStore(config.outbox_dir) if config.outbox_dir and sinks else None
         self.outboxes = {s.name: Outbox(s.name, config.outbox_max, self._store) for s in sinks}
         self._crops: asyncio.Queue[tuple[dict[str, Any], CropJob]] = asyncio.Queue()
+        self._crops_pending = 0  # queued for their crop, or being cropped
         self._tasks: list[asyncio.Task[None]] = []
         self._timers: set[asyncio.Task[None]] = set()
         self._overflow_logged: dict[str, float] = {}
@@ -115,6 +116,7 @@ class EventHub:
         if crop is not None:
             if self._crops.qsize() < MAX_CROPS_WAITING:
                 self._crops.put_nowait((body, crop))
+                self._crops_pending += 1
                 return
             body["crop"] = None
             if self.metrics is not None:
@@ -156,6 +158,7 @@ class EventHub:
                 log.exception("events: the crop of event %s failed", body.get("event_id"))
                 jpg = None
             body["crop"] = None if jpg is None else _b64(jpg)
+            self._crops_pending -= 1
             self._queue(body)
 
     # -- events out ---------------------------------------------------------------------
@@ -224,6 +227,14 @@ class EventHub:
         task = asyncio.create_task(run(), name="events-timer")
         self._timers.add(task)
         task.add_done_callback(self._timers.discard)
+
+    def waiting(self) -> dict[str, int]:
+        """The events not taken yet, per sink (and ``crops``: still being cropped, before
+        any outbox); empty when there are none."""
+        out = {name: len(o) for name, o in self.outboxes.items() if len(o)}
+        if self._crops_pending:
+            out["crops"] = self._crops_pending
+        return out
 
     def status(self) -> dict[str, Any]:
         """For /readyz: each sink's queue."""

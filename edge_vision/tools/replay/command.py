@@ -90,6 +90,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("--jsonl", type=Path, help="one JSON line per frame")
     out.add_argument("--summary-json", type=Path, help="also write the summary as JSON")
     out.add_argument(
+        "--events",
+        type=Path,
+        metavar="FILE",
+        help="run the config's rules (events.rules, zones, lines) over the video and write "
+        "every event to FILE, one JSON event a line; with events.sinks configured they are "
+        "also delivered there (docs/events.md)",
+    )
+    out.add_argument(
+        "--events-drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="at the end, wait at most S seconds for the sinks to take every event",
+    )
+    out.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -144,8 +159,13 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
         codec = video_codec(args.out, codec).name  # a bad --out fails before the model loads
     elif codec is not None or args.fourcc is not None:
         raise ReplayError("--codec names the codec of --out: give --out too")
-    if args.jsonl is not None and not args.jsonl.parent.is_dir():
-        raise ReplayError(f"--jsonl {args.jsonl}: folder {args.jsonl.parent} does not exist")
+    for flag, path in (("--jsonl", args.jsonl), ("--events", args.events)):
+        if path is not None and not path.parent.is_dir():
+            raise ReplayError(f"{flag} {path}: folder {path.parent} does not exist")
+        if path is not None and path.is_dir():
+            raise ReplayError(f"{flag} {path}: is a folder; name a file")
+    if args.events_drain_timeout < 0:
+        raise ReplayError("--events-drain-timeout must be >= 0")
     return ReplayOptions(
         input=args.input,
         mode=args.mode,
@@ -157,6 +177,8 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
         codec=codec,
         jsonl=args.jsonl,
         summary_json=args.summary_json,
+        events=args.events,
+        events_drain_s=args.events_drain_timeout,
         progress=args.progress,
         confidence=args.confidence,
         classes=args.classes,

@@ -30,6 +30,8 @@ class ReplayOptions:
     codec: str | None = None  # of ``out``: h264 or vp9; None: by its extension
     jsonl: Path | None = None
     summary_json: Path | None = None
+    events: Path | None = None  # the events the rules raise, one JSON event a line
+    events_drain_s: float = 30.0  # at the end, longest wait for the sinks to take them
     progress: bool | None = None  # None: when stderr is a terminal
     confidence: float | None = None
     classes: list[int] | None = None

@@ -11,6 +11,7 @@ blocks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -31,6 +32,7 @@ from .writers import Recorder
 
 if TYPE_CHECKING:
     from ...config import Config
+    from .events import EventCounts, ReplayEvents
 
 log = logging.getLogger("edge_vision.tools.replay")
 
@@ -55,6 +57,8 @@ class Replay:
         self._total: int | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="replay-writer")
         self.write_failure: ReplayError | None = None
+        self.events: ReplayEvents | None = None  # the rules' events (--events, sinks)
+        self.event_counts: EventCounts | None = None
 
     # outcomes arrive here, in any order, from the target
     def deliver(self, seq: int, outcome: Outcome) -> None:
@@ -75,12 +79,18 @@ class Replay:
             stack.push_async_callback(asyncio.to_thread, source.close)
             info = source.info
             mode: Mode = opts.mode or ("latest" if info.live else "every")
+            self.events = events = self._make_events()  # a sink's bad config fails here
             target = self._make_target(mode)
             stack.push_async_callback(target.close)
             await target.start()  # loads the model or connects: the likeliest failures
+            if events is not None:
+                await events.start()
+                # After the writer (below) is done: the last events are in the outboxes.
+                stack.push_async_callback(self._close_events, events)
             show = opts.progress if opts.progress is not None else sys.stderr.isatty()
             recorder = await loop.run_in_executor(
-                self._writer, lambda: Recorder(info, opts.jsonl, opts.out, opts.codec, show)
+                self._writer,
+                lambda: Recorder(info, opts.jsonl, opts.out, opts.codec, show, opts.events),
             )
             stack.push_async_callback(loop.run_in_executor, self._writer, recorder.close)
             writer_task = asyncio.create_task(self._write_all(recorder), name="replay-write")
@@ -102,8 +112,37 @@ class Replay:
         self._write_q.put_nowait(None)
         await writer_task
 
+    def _make_events(self) -> ReplayEvents | None:
+        """The rules' events, when ``--events`` asks for them or the config has rules and
+        sinks to deliver them to (docs/events.md, "Replay")."""
+        config = self.config
+        if config is None:
+            if self.opts.events is None:
+                return None
+            # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
+            from ...config import Config
+
+            config = Config()
+        if self.opts.events is None and not config.events.rules:
+            return None
+        # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
+        from .events import ReplayEvents
+
+        events = ReplayEvents(config)
+        if self.opts.events is None and events.hub is None:
+            return None  # rules, but nowhere to tell: nothing to do
+        if not events.rules.rules:
+            log.warning("--events: the config has no rules (events.rules); none will be written")
+        return events
+
+    async def _close_events(self, events: ReplayEvents) -> None:
+        self.event_counts = await events.close(self.opts.events_drain_s, self.abort)
+
     def _make_target(self, mode: Mode) -> Target:
         opts = self.opts
+        if self.events is not None and self.events.needs_text and not opts.read:
+            # A rule with text matches what was read: replay reads, as a session would.
+            opts = dataclasses.replace(opts, read=True)
         if opts.url:
             # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
             from .remote_target import RemoteTarget  # the client and aiohttp: only with --url
@@ -194,19 +233,27 @@ class Replay:
                 raise RuntimeError("frames left unsettled after abort")
 
     async def _write_all(self, recorder: Recorder) -> None:
-        """Feed the writer thread in frame order. If writing fails (a full disk), stop
-        reading and discard the rest, so nothing waits on a writer that is gone."""
+        """Feed the writer thread in frame order, with the events each frame raised (the
+        rules run here, on the loop, in frame order; the tracks still live leave at the
+        end). If writing fails (a full disk), stop reading and discard the rest, so
+        nothing waits on a writer that is gone."""
         loop = asyncio.get_running_loop()
+        events = self.events
         while True:
             record = await self._write_q.get()
-            if record is None:
-                return
             if self.write_failure is None:
                 try:
-                    await loop.run_in_executor(self._writer, recorder.write, record)
+                    if record is not None:
+                        lines = events.observe(record) if events is not None else []
+                        await loop.run_in_executor(self._writer, recorder.write, record, lines)
+                    elif events is not None:  # the end: the live tracks leave
+                        lines = events.finish()
+                        await loop.run_in_executor(self._writer, recorder.write_events, lines)
                 except (OSError, EdgeVisionError) as e:
                     self.write_failure = ReplayError(f"writing the outputs failed: {e}")
                     self.stop.set()
+            if record is None:
+                return
             async with self._written:
                 self._written.notify_all()
 
@@ -235,8 +282,12 @@ class Replay:
                 "video": str(self.opts.out) if self.opts.out else None,
                 "video_frames": recorder.video_frames if self.opts.out else None,
                 "jsonl": str(self.opts.jsonl) if self.opts.jsonl else None,
+                "events": str(self.opts.events) if self.opts.events else None,
             },
         }
+        if self.events is not None:
+            counts = self.event_counts or self.events.counts
+            summary["events"] = counts.summary(str(self.opts.events) if self.opts.events else None)
         if self.opts.url:  # the remote target's own counts
             # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
             from .remote_target import RemoteTarget

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -82,9 +83,27 @@ def format_summary(summary: dict[str, Any]) -> str:
     for key, label in (("video", "annotated video"), ("jsonl", "per-frame JSONL")):
         if summary.get("outputs", {}).get(key):
             lines.append(f"{label}: {summary['outputs'][key]}")
+    if summary.get("events") is not None:
+        lines += event_lines(summary["events"])
     if summary.get("failure"):
         lines.append(f"stopped early: {summary['failure']}")
     return "\n".join(lines)
+
+
+def event_lines(events: Mapping[str, Any]) -> list[str]:
+    """The summary's ``events`` (:mod:`.events`) as text: per rule, then per sink."""
+    rules = events.get("rules") or {}
+    if not rules:
+        return ["events: no rules (events.rules) to run"]
+    lines = [f"events {events.get('total', 0)}: " + ", ".join(f"{n} {k}" for n, k in rules.items())]
+    for name, c in (events.get("sinks") or {}).items():
+        lines.append(
+            f"  to {name}: {c['delivered']} delivered, {c['dropped']} dropped, "
+            f"{c['undelivered']} undelivered"
+        )
+    if events.get("jsonl"):
+        lines.append(f"events JSONL: {events['jsonl']}")
+    return lines
 
 
 class Recorder:
@@ -100,12 +119,14 @@ class Recorder:
         video: Path | None,
         codec: str | None,
         progress: bool,
+        events: Path | None = None,
     ) -> None:
         # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
         from ..annotate import VideoSink
 
         self.stats = ReplayStats()
         self._jsonl: IO[bytes] | None = None
+        self._events: IO[bytes] | None = None
         self._video: VideoSink | None = None
         self._bar: Any = None
         if video is not None:
@@ -118,6 +139,12 @@ class Recorder:
             except OSError as e:
                 self.close()
                 raise ReplayError(f"--jsonl {jsonl}: {e.strerror}") from None
+        if events is not None:
+            try:  # as the JSONL: whole lines only, however the replay ends
+                self._events = events.open("wb", buffering=0)
+            except OSError as e:
+                self.close()
+                raise ReplayError(f"--events {events}: {e.strerror}") from None
         if progress:
             # tqdm ships no type hints; imported by name so mypy sees Any, not a missing stub.
             tqdm = importlib.import_module("tqdm").tqdm
@@ -130,10 +157,12 @@ class Recorder:
                 desc="replay",
             )
 
-    def write(self, record: FrameRecord) -> None:
+    def write(self, record: FrameRecord, events: Sequence[bytes] = ()) -> None:
+        """One frame, and the JSON lines of the events it raised (:mod:`.events`)."""
         self.stats.add(record)
         if self._jsonl is not None:
             self._jsonl.write(jsonl_line(record, self.stats.counts["dropped"]))
+        self.write_events(events)
         if self._video is not None:
             self._video.write(annotated(record))
         if self._bar is not None:
@@ -143,6 +172,12 @@ class Recorder:
             )
             self._bar.update(1)
 
+    def write_events(self, events: Sequence[bytes]) -> None:
+        """Event lines (``--events``), one JSON event each."""
+        if self._events is not None:
+            for line in events:
+                self._events.write(line)
+
     def close(self) -> None:
         """Close every output; each is valid afterwards even after an interrupted run."""
         if self._bar is not None:
@@ -151,6 +186,8 @@ class Recorder:
             self._video.close()
         if self._jsonl is not None:
             self._jsonl.close()
+        if self._events is not None:
+            self._events.close()
 
     @property
     def video_frames(self) -> int:
