@@ -315,6 +315,15 @@ class EventsConfig(_Section):
         check_rules(self.rules, set(self.zones), set(self.lines))
         return self
 
+    def announced(self) -> dict[str, Any]:
+        """The node's zones and lines and its anchor, as hello's ``events`` announces them
+        to a protocol 3 client (docs/protocol.md): a page draws them over the picture."""
+        return {
+            "zones": {name: [list(p) for p in points] for name, points in self.zones.items()},
+            "lines": {name: [list(p) for p in points] for name, points in self.lines.items()},
+            "anchor": self.anchor,
+        }
+
 
 class SessionEventsSettings(_Section):
     """A session's own zones, lines and rules, from its ``settings`` message."""

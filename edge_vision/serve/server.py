@@ -4,7 +4,7 @@ Routes: ``GET /ws`` (the protocol, docs/protocol.md), ``GET /healthz`` (process 
 ``GET /readyz`` (engine loaded and warmed up; 503 before), ``GET /metrics`` (Prometheus),
 ``GET /api/sessions`` and ``GET /api/nodes`` (admin, bearer token when configured),
 ``POST /api/engine/retry`` (try the configured engine again after a degrade) and the
-overlay page at ``/``.
+overlay page at ``/`` and the dashboard at ``/dashboard`` (web/dashboard.html).
 
 Start-up: the HTTP port opens at once (so /healthz answers), the engine loads and warms
 up in the background, and /ws and /readyz turn ready after warm-up. Shutdown (SIGTERM):
@@ -224,8 +224,9 @@ async def api_engine_retry(request: web.Request) -> web.Response:
     return web.json_response({"ok": ok, "engine": _engine_json(service)}, status=200 if ok else 503)
 
 
-async def index(request: web.Request) -> web.StreamResponse:
-    return web.FileResponse(request.app[STATE].web_root / "index.html")  # 404 if absent
+async def index(request: web.Request) -> web.StreamResponse:  # / and /dashboard (web/)
+    page = "dashboard.html" if request.path == "/dashboard" else "index.html"
+    return web.FileResponse(request.app[STATE].web_root / page)  # 404 if absent
 
 
 async def ws_entry(request: web.Request) -> web.StreamResponse:
@@ -389,6 +390,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
                 node_id=app[STATE].node_id,
                 protocol=protocol.number,
                 features=features,
+                events=cfg.events.announced() if protocol.events else None,  # since protocol 3
             )
         )
         if fresh:
@@ -591,6 +593,7 @@ def create_app(
     app.router.add_get("/api/nodes", api_nodes)
     app.router.add_post("/api/engine/retry", api_engine_retry)
     app.router.add_get("/", index)
+    app.router.add_get("/dashboard", index)
     web_root = app[STATE].web_root
     if Path(web_root).is_dir():
         app.router.add_static("/static/", web_root, follow_symlinks=False)

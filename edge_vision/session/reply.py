@@ -38,7 +38,9 @@ def hello(
     node_id: str,
     protocol: int = PROTOCOL_VERSION,
     features: Sequence[str] = (),
+    events: Mapping[str, Any] | None = None,
 ) -> str:
+    """``events`` (since protocol 3, optional): the node's own zones, lines and anchor."""
     return _dumps(
         {
             "type": "hello",
@@ -56,6 +58,7 @@ def hello(
             "settings": dict(settings),
             "limits": dict(limits),
             "counters": dict(counters),
+            **({"events": dict(events)} if events is not None else {}),
         }
     )
 

@@ -99,6 +99,10 @@ async def test_a_label_in_a_zone_raises_one_appear_after_its_frame_s_result(
     async with aiohttp.ClientSession() as http:
         ws, hello = await connect(http, srv.ws_url)
         assert hello["protocol"] == 3 and "events" in hello["features"]
+        # The node's zones, for a page to draw (hello's events, additive in protocol 3).
+        zones = {"left": LEFT, "right": RIGHT}
+        assert hello["events"] == {"zones": zones, "lines": {}, "anchor": "bottom_center"}
+        assert_valid_server_message(hello)
         first = await frame(ws, 0, outside)
         msgs = [await frame(ws, i + 1, s) for i, s in enumerate(inside)]
         await ws.close()
@@ -122,7 +126,7 @@ async def test_a_protocol_2_client_gets_no_events_and_no_zones(server_factory: F
     image = scene([("LOT42", (60, 120))])
     async with aiohttp.ClientSession() as http:
         ws, hello = await connect(http, srv.ws_url + "?protocol=2")
-        assert "zones" not in hello["settings"]
+        assert "zones" not in hello["settings"] and "events" not in hello
         msgs = await frame(ws, 1, image)
         refused = await settings(ws, rules=[{"name": "mine", "on": "appear"}])
         await ws.close()

@@ -77,6 +77,12 @@ export interface Hello {
   settings: Settings;
   limits: Limits;
   counters: { received: number; answered: number; dropped: number; rejected: number };
+  /** Since protocol 3 (optional): the node's own zones and lines, and its anchor. */
+  events?: {
+    zones: Record<string, number[][]>;
+    lines: Record<string, number[][]>;
+    anchor: "bottom_center" | "center";
+  };
   [field: string]: unknown;
 }
 
