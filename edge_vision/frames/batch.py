@@ -5,10 +5,19 @@ its shape; a bucket that reaches ``max_batch`` goes at once; frames of another s
 wait for a batch they cannot join. When the engine is busy, frames simply accumulate, so
 under load batches fill by themselves and the window costs nothing.
 
-Fairness: when more frames wait than one batch takes, the frames of the session
-(``owner``) served least recently go first, oldest first among equals. A latest-wins
-connection that floods always has one decoded frame waiting; first come, first served,
-a polite camera's frame would wait for the frame in the engine *and* that one.
+Fairness: when more frames wait than one batch takes, the turn goes by what each session
+(``owner``) has cost the node: start-time fair queuing (Goyal et al., SIGCOMM 1996) on a
+virtual clock of host seconds. Every frame a session has run advances its tag by the host
+time its decode and letterbox took (``cost``, at least :data:`MIN_COST_S`, so frames that
+cost the host nothing still take turns in order); the waiting frame whose session's tag is
+lowest goes first, oldest first among equals; a session back from idle starts at the tag
+of the frame that started last, so idling earns no credit. Sessions whose frames cost
+alike take turns (the least recently served first, as before); one whose frames each took
+half a second of CPU to decode (a 21 MP PNG of zeros) gets a turn for every hundred or so
+of a camera whose frames decode in milliseconds, instead of one each while it also takes
+the host's cores. A latest-wins connection that floods always has one decoded frame
+waiting; first come, first served, a polite camera's frame would wait for the frame in the
+engine *and* that one.
 
 :class:`Batcher` is the asyncio shell: it dispatches ready batches while fewer than
 ``max_in_flight`` are running, and sleeps until the next window deadline otherwise.
@@ -40,17 +49,29 @@ class ReadyBatch(Generic[T]):
 class _Entry(Generic[T]):
     """A queued frame; mutable so a newer frame of the same key can take its place."""
 
-    __slots__ = ("item", "key", "owner", "shape", "t")
+    __slots__ = ("cost", "item", "key", "owner", "shape", "t")
 
     def __init__(
-        self, t: float, item: T, key: Hashable | None, owner: Hashable | None, shape: Shape
+        self,
+        t: float,
+        item: T,
+        key: Hashable | None,
+        owner: Hashable | None,
+        shape: Shape,
+        cost: float,
     ) -> None:
         self.t, self.item, self.key, self.owner, self.shape = t, item, key, owner, shape
+        self.cost = cost
 
 
-# Owners whose last turn is remembered. Forgetting the least recently served one is
-# harmless: an owner not remembered ranks as served longest ago, which it was.
+# Owners whose tag is remembered. Forgetting the least recently served one is harmless:
+# an owner not remembered starts at the clock, as one back from idle does.
 _REMEMBERED_OWNERS = 4096
+
+#: The least a frame is charged (seconds): frames whose preparation cost the host nothing
+#: (decoded on the device) or too little to measure still advance their session's tag, so
+#: sessions of such frames take turns.
+MIN_COST_S = 0.001
 
 
 def _arrival(entry: _Entry[Any]) -> float:
@@ -65,8 +86,9 @@ class BatchPlanner(Generic[T]):
     newest frame, not the one that happened to arrive first. The replaced item is
     returned so its owner can count it as dropped.
 
-    An item's ``owner`` (its session; the ``key`` when not given) sets its turn: items of
-    the owner served least recently go first (see the module docstring)."""
+    An item's ``owner`` (its session; the ``key`` when not given) sets its turn, and its
+    ``cost`` (host seconds) is charged to that owner when it runs: items of the owner that
+    has cost least go first (see the module docstring)."""
 
     def __init__(self, max_batch: int, window_s: float) -> None:
         if max_batch < 1:
@@ -76,9 +98,10 @@ class BatchPlanner(Generic[T]):
         self._buckets: OrderedDict[Shape, list[_Entry[T]]] = OrderedDict()
         self._keyed: dict[Hashable, _Entry[T]] = {}
         self._count = 0
-        # owner -> number of the batch that last served it, least recently served first
-        self._served: OrderedDict[Hashable, int] = OrderedDict()
-        self._batches = 0
+        # owner -> its tag (host seconds charged, on the virtual clock), least recently
+        # served first
+        self._tags: OrderedDict[Hashable, float] = OrderedDict()
+        self._clock = 0.0  # the tag at which the last batch's frames started
 
     def __len__(self) -> int:
         return self._count
@@ -91,23 +114,27 @@ class BatchPlanner(Generic[T]):
         key: Hashable | None = None,
         *,
         owner: Hashable | None = None,
+        cost: float = 0.0,
     ) -> T | None:
-        """Queue ``item``; returns the item of the same ``key`` it replaced, if any."""
+        """Queue ``item``; returns the item of the same ``key`` it replaced, if any.
+        ``cost``: the host seconds the item took to prepare, charged to ``owner`` when it
+        runs."""
         owner = key if owner is None else owner
+        cost = max(MIN_COST_S, cost)
         if key is not None:
             entry = self._keyed.get(key)
             if entry is not None:
                 old = entry.item
                 if entry.shape == shape:  # same place in the queue, newer frame
-                    entry.item = item
+                    entry.item, entry.cost = item, cost
                     return old
                 self._buckets[entry.shape].remove(entry)  # a new frame size: requeue
                 if not self._buckets[entry.shape]:
                     del self._buckets[entry.shape]
                 self._count -= 1
-                self._push(_Entry(entry.t, item, key, owner, shape))
+                self._push(_Entry(entry.t, item, key, owner, shape, cost))
                 return old
-        self._push(_Entry(now, item, key, owner, shape))
+        self._push(_Entry(now, item, key, owner, shape, cost))
         return None
 
     def _push(self, entry: _Entry[T]) -> None:
@@ -126,16 +153,24 @@ class BatchPlanner(Generic[T]):
             deadline = t if deadline is None else min(deadline, t)
         return deadline
 
-    def _turn(self, entry: _Entry[T]) -> tuple[int, float]:
-        """Lower goes first: the owner's last batch (-1: none remembered), then age."""
-        last = -1 if entry.owner is None else self._served.get(entry.owner, -1)
-        return last, entry.t
+    def _start_tag(self, owner: Hashable | None) -> float:
+        """Where the owner's next frame starts on the virtual clock: its tag, or the clock
+        when it has less (back from idle, new, forgotten, or no owner at all)."""
+        tag = self._clock if owner is None else self._tags.get(owner, self._clock)
+        return max(tag, self._clock)
+
+    def _turn(self, entry: _Entry[T]) -> tuple[float, float, float]:
+        """Lower goes first: the owner's start tag; among equals (sessions back from idle
+        start at the clock, where others wait) the owner that has cost least (one not
+        remembered first), then age."""
+        own = -float("inf") if entry.owner is None else self._tags.get(entry.owner, -float("inf"))
+        return self._start_tag(entry.owner), own, entry.t
 
     def pop_ready(self, now: float) -> ReadyBatch[T] | None:
         """Of the ready buckets, the one holding the frame whose turn comes first; up to
         ``max_batch`` of its frames, in turn order; None when no bucket is ready."""
         best: Shape | None = None
-        best_turn: tuple[int, float] | None = None
+        best_turn: tuple[float, float, float] | None = None
         for shape, bucket in self._buckets.items():
             ready = len(bucket) >= self.max_batch or bucket[0].t + self.window_s <= now
             if not ready:
@@ -152,15 +187,21 @@ class BatchPlanner(Generic[T]):
         else:
             chosen = {id(e) for e in taken}
             bucket[:] = [e for e in bucket if id(e) not in chosen]
+        # Every frame of an owner in this batch starts at the owner's tag from before it;
+        # the owner is charged for all of them.
+        starts = {e.owner: self._start_tag(e.owner) for e in taken}
+        spent: dict[Hashable, float] = {}
         for e in taken:
             if e.key is not None:
                 self._keyed.pop(e.key, None)
             if e.owner is not None:
-                self._served[e.owner] = self._batches
-                self._served.move_to_end(e.owner)
-        while len(self._served) > _REMEMBERED_OWNERS:
-            self._served.popitem(last=False)
-        self._batches += 1
+                spent[e.owner] = spent.get(e.owner, 0.0) + e.cost
+        for owner, cost in spent.items():
+            self._tags[owner] = starts[owner] + cost
+            self._tags.move_to_end(owner)
+        self._clock = max(self._clock, *starts.values())
+        while len(self._tags) > _REMEMBERED_OWNERS:
+            self._tags.popitem(last=False)
         self._count -= len(taken)
         return ReadyBatch(best, [e.item for e in taken], now)
 
@@ -204,9 +245,11 @@ class Batcher(Generic[T]):
         key: Hashable | None = None,
         *,
         owner: Hashable | None = None,
+        cost: float = 0.0,
     ) -> T | None:
-        """Queue ``item``; returns the waiting item of the same ``key`` it replaced."""
-        replaced = self.planner.add(shape, item, self._clock(), key, owner=owner)
+        """Queue ``item``; returns the waiting item of the same ``key`` it replaced.
+        ``cost``: host seconds charged to ``owner`` when it runs (the module docstring)."""
+        replaced = self.planner.add(shape, item, self._clock(), key, owner=owner, cost=cost)
         self._wake.set()
         return replaced
 

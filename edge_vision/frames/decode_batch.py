@@ -82,6 +82,9 @@ class Prepared:
     decode_s: float
     shape_s: float
     on_device: bool = False
+    #: The host CPU its decode and letterbox took (a worker's time, no waits): what the
+    #: engine's queue charges the session for it (batch.py). 0 for a device decode.
+    host_s: float = 0.0
 
 
 Outcome = Prepared | ClientError

@@ -81,6 +81,7 @@ class _Job:
     future: asyncio.Future[tuple[Any, BatchInfo] | Superseded]
     owner: Hashable | None  # its session, for the batcher's turns
     post: Post
+    cost: float = 0.0  # host seconds its preparation took, charged to its owner's turns
     # This frame's own submit time: a frame that took a superseded frame's place in the
     # queue keeps that place (fairness) but reports only its own wait.
     submitted: float = field(default_factory=time.perf_counter)
@@ -181,7 +182,7 @@ class InferenceService:
         session's newer frame may already wait there, and must not be replaced by this."""
         for job in await old.stop():
             if self._batcher is not None:
-                self._batcher.submit(job.shape, job, owner=job.owner)
+                self._batcher.submit(job.shape, job, owner=job.owner, cost=job.cost)
 
     async def keep_warm(self, frame: U8Array) -> None:
         await self.infer(frame)
@@ -228,15 +229,19 @@ class InferenceService:
         supersede_key: Hashable | None = None,
         *,
         owner: Hashable | None = None,
+        cost: float = 0.0,
     ) -> tuple[R, BatchInfo] | Superseded:
         """:meth:`infer`, then ``post`` on the frame's outputs in the batch's post job
-        (a post thread); its exception is this frame's alone."""
+        (a post thread); its exception is this frame's alone. ``cost``: the host seconds
+        the frame's decode and letterbox took, charged to ``owner``'s turns (batch.py)."""
         if self._batcher is None or not self.status.ready:
             raise EngineUnavailable("the engine is not ready")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[tuple[Any, BatchInfo] | Superseded] = loop.create_future()
-        job = _Job(frame, fut, supersede_key if owner is None else owner, post)
-        replaced = self._batcher.submit(job.shape, job, supersede_key, owner=job.owner)
+        job = _Job(frame, fut, supersede_key if owner is None else owner, post, cost)
+        replaced = self._batcher.submit(
+            job.shape, job, supersede_key, owner=job.owner, cost=job.cost
+        )
         if replaced is not None and not replaced.future.done():
             replaced.future.set_result(SUPERSEDED)
         return cast("tuple[R, BatchInfo] | Superseded", await fut)

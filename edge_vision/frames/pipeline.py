@@ -206,6 +206,7 @@ class FramePipeline:
     def decode_request(self, request: DecodeRequest) -> Prepared:
         """The host decode and letterbox of one frame (worker thread)."""
         data, header, lb, t0 = request.data, request.header, request.letterbox, request.started
+        work_start = time.perf_counter()
         spec = self.service.spec
         min_size = (lb.new_w, lb.new_h) if self.config.decode.dct_downscale else None
         nbytes = decoded_bytes(header, min_size)
@@ -241,7 +242,8 @@ class FramePipeline:
             self.budget.release(charged, "decode")
             if turn is not None:
                 turn.done()
-        return Prepared(canvas, lb, t1 - t0, time.perf_counter() - t1)
+        t2 = time.perf_counter()
+        return Prepared(canvas, lb, t1 - t0, t2 - t1, host_s=t2 - work_start)
 
     def full_frame(self, frame: FrameMessage) -> tuple[U8Array, Callable[[], None]]:
         """The frame decoded at its full size on the host, and how to give it back (read
@@ -374,14 +376,15 @@ class FramePipeline:
         read one prepared frame; its canvas goes back on every path. Returns
         :data:`~edge_vision.frames.infer.SUPERSEDED` when a newer frame of ``supersede_key``
         took its place before the engine ran it; ``owner`` (the session) sets its turn in
-        the engine's queue (edge_vision.frames.batch). Raises EngineError when no engine can
+        the engine's queue (edge_vision.frames.batch), where the host time its decode and
+        letterbox took is charged to it. Raises EngineError when no engine can
         serve."""
         lb = prepared.letterbox
         post = partial(self._post_frame, lb=lb, settings=settings, quads=reading is not None)
         try:
             # Post-processed in the batch's post job (infer.py), not one hand-off a frame.
             inferred = await self.service.infer_then(
-                prepared.canvas, post, supersede_key, owner=owner
+                prepared.canvas, post, supersede_key, owner=owner, cost=prepared.host_s
             )
         finally:
             self.release(prepared)

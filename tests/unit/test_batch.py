@@ -124,3 +124,95 @@ def test_every_session_gets_a_turn_before_one_gets_a_second() -> None:
     assert first is not None and first.items == ["a0", "a1"]  # nobody served yet: oldest
     assert second is not None and second.items == ["b0", "c0"]  # a was just served
     assert third is not None and third.items == ["a2"]
+
+
+def _turns(p: BatchPlanner[str], costs: dict[str, float], turns: int) -> list[str]:
+    """Every owner of ``costs`` keeps a frame waiting (in-order sessions, no key); the
+    owners served, ``turns`` batches of one."""
+    served: list[str] = []
+    t = 0.0
+    for owner in costs:
+        p.add(A, owner, t, owner=owner, cost=costs[owner])
+    for _ in range(turns):
+        t += 1.0
+        batch = p.pop_ready(t)
+        assert batch is not None
+        [owner] = batch.items
+        served.append(owner)
+        p.add(A, owner, t, owner=owner, cost=costs[owner])
+    return served
+
+
+def test_a_session_whose_frames_cost_more_host_time_gets_fewer_turns_in_proportion() -> None:
+    """Issue 36: a session of 21 MP PNGs (half a second of decode and letterbox a frame)
+    beside cameras whose frames cost 5 ms: equal turns would give it a third of the engine
+    on top of the cores its decodes take; charged by host time, the cameras get a hundred
+    turns for each of its."""
+    p: BatchPlanner[str] = BatchPlanner(max_batch=1, window_s=0.0)
+    served = _turns(p, {"bomb": 0.5, "cam1": 0.005, "cam2": 0.005}, 404)
+    assert served.count("bomb") in (3, 4, 5)
+    assert abs(served.count("cam1") - served.count("cam2")) <= 1
+
+
+def test_sessions_whose_frames_cost_alike_take_turns() -> None:
+    p: BatchPlanner[str] = BatchPlanner(max_batch=1, window_s=0.0)
+    served = _turns(p, {"a": 0.01, "b": 0.012, "c": 0.009}, 30)
+    for i in range(27):  # none waits much more than one round
+        assert set(served[i : i + 4]) == {"a", "b", "c"}, served
+    # No cost given (frames decoded on the device): they take turns as well.
+    q: BatchPlanner[str] = BatchPlanner(max_batch=1, window_s=0.0)
+    assert _turns(q, {"x": 0.0, "y": 0.0}, 6) == ["x", "y"] * 3
+
+
+def test_a_camera_back_from_idle_goes_before_expensive_frames_but_earns_no_credit() -> None:
+    """A camera that sends a frame now and then, beside two sessions that always have an
+    expensive frame waiting: each of its frames goes in the next batch (it has cost less),
+    but its idle time is not saved up: once it floods too, it takes turns by cost."""
+    p: BatchPlanner[str] = BatchPlanner(max_batch=1, window_s=0.0)
+    t = 0.0
+    for owner in ("b1", "b2"):
+        p.add(A, owner, t, owner=owner, cost=0.3)
+    for _ in range(3):
+        for _ in range(5):  # the bombs run while the camera idles
+            t += 1.0
+            batch = p.pop_ready(t)
+            assert batch is not None and batch.items[0].startswith("b")
+            p.add(A, batch.items[0], t, owner=batch.items[0], cost=0.3)
+        p.add(A, "cam", t + 0.5, owner="cam", cost=0.3)  # as costly as a bomb, for once
+        batch = p.pop_ready(t + 0.6)
+        assert batch is not None and batch.items == ["cam"]  # next, not after the bombs
+    # Idle earned nothing: flooding now with frames as costly as theirs, it gets a third.
+    served = []
+    for _ in range(30):
+        p.add(A, "cam", t, owner="cam", cost=0.3)
+        t += 1.0
+        batch = p.pop_ready(t)
+        assert batch is not None
+        served.append(batch.items[0])
+        if batch.items[0] != "cam":
+            p.add(A, batch.items[0], t, owner=batch.items[0], cost=0.3)
+    assert 9 <= served.count("cam") <= 11, served
+
+
+async def test_the_batcher_charges_each_frames_cost_to_its_session() -> None:
+    seen: list[str] = []
+    gate = asyncio.Event()
+
+    async def run(batch: ReadyBatch[str]) -> None:
+        seen.extend(batch.items)
+        if len(seen) == 1:
+            await gate.wait()
+
+    batcher: Batcher[str] = Batcher(run, max_batch=1, window_s=0.0, max_in_flight=1)
+    batcher.start()
+    batcher.submit(A, "warm", owner="warm")
+    await asyncio.sleep(0.01)
+    for i in range(3):
+        batcher.submit(A, f"png{i}", owner="png", cost=0.4)
+    for i in range(3):
+        batcher.submit(A, f"cam{i}", owner="cam", cost=0.004)
+    gate.set()
+    await asyncio.sleep(0.05)
+    await batcher.stop()
+    # The PNG session's first frame was older; after it, the camera's three go first.
+    assert seen == ["warm", "png0", "cam0", "cam1", "cam2", "png1", "png2"]
