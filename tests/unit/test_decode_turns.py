@@ -13,7 +13,7 @@ from PIL import Image
 from edge_vision.common.budget import MemoryBudget
 from edge_vision.errors import ClientError
 from edge_vision.frames.decode import decode_memory, jpeg_layout, read_image_header
-from edge_vision.frames.decode_turns import DecodeTurns, Turn
+from edge_vision.frames.decode_turns import QUICK_DECODE_S, DecodeTurns, Turn
 
 MiB = 1024 * 1024
 
@@ -104,3 +104,41 @@ async def test_a_decode_cancelled_while_waiting_leaves_nothing_held() -> None:
     running.done()
     await asyncio.sleep(0.01)
     assert turns.waiting == 0 and turns.running == 0 and budget.held == 0
+
+
+async def test_slow_decodes_leave_one_slot_for_quick_ones() -> None:
+    """Two slots, two sessions of slow decodes (bombs) each keeping two waiting: once
+    their decodes are known to be slow they run one at a time, so a camera's quick decode
+    starts at once instead of after a bomb's."""
+    turns = DecodeTurns(2, MemoryBudget(1024 * MiB), 1.0, asyncio.get_running_loop())
+    slow = QUICK_DECODE_S + 0.05
+    peak_slow: list[int] = []
+
+    async def decode(owner: str, seconds: float) -> float:
+        asked = asyncio.get_running_loop().time()
+        turn = await turns.acquire(owner, MiB, _refuse)
+        waited = asyncio.get_running_loop().time() - asked
+        peak_slow.append(turns.running_slow)
+        await asyncio.sleep(seconds)
+        turn.done()
+        return waited
+
+    # Their first decodes are not known to be slow yet: both slots.
+    await asyncio.gather(decode("b1", slow), decode("b2", slow))
+    assert turns.running == 0 and turns.running_slow == 0
+    bombs = [asyncio.create_task(decode(b, slow)) for b in ("b1", "b2", "b1", "b2")]
+    await asyncio.sleep(0.02)
+    assert turns.running == 1 and turns.waiting == 3  # the other slot stays free
+    camera_wait = await decode("cam", 0.001)
+    assert camera_wait < 0.05  # it did not wait for a bomb's decode to end
+    await asyncio.gather(*bombs)
+    assert max(peak_slow[2:]) == 1
+    assert turns.running == 0 and turns.running_slow == 0 and turns.held == 0
+    # One slot: nothing to keep, slow decodes use it.
+    one = DecodeTurns(1, MemoryBudget(1024 * MiB), 1.0, asyncio.get_running_loop())
+    for _ in range(2):  # the second is known to be slow, and still starts
+        turn = await asyncio.wait_for(one.acquire("b", MiB, _refuse), 1)
+        await asyncio.sleep(slow)
+        turn.done()
+        await asyncio.sleep(0.01)
+    assert one.running == 0 and one.running_slow == 0
