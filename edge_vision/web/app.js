@@ -20,6 +20,7 @@ import { EVENTS_SHOWN, PROTOCOL_VERSION, describeEvent, sameClasses } from "./pr
 import { FrameSender } from "./sender.js";
 import { SourceManager, naturalSize } from "./source.js";
 import { RollingWindow, TimingWindow } from "./stats.js";
+import { NAME_PATTERN, ZoneDraft, pictureFraction, regionColour, regionsOf } from "./zones.js";
 
 const $ = (id) => document.getElementById(id);
 const PREFS_KEY = "edge-vision.overlay.prefs";
@@ -52,6 +53,15 @@ const ui = {
   copyTexts: $("copy-texts"),
   events: $("events"),
   eventsNone: $("events-none"),
+  drawZone: $("draw-zone"),
+  zoneHelp: $("zone-help"),
+  zones: $("zones"),
+  zoneDialog: $("zone-dialog"),
+  zoneForm: $("zone-form"),
+  zoneName: $("zone-name"),
+  zoneAppear: $("zone-appear"),
+  zoneNameError: $("zone-name-error"),
+  zoneCancel: $("zone-cancel"),
   quality: $("quality"),
   qualityValue: $("quality-value"),
   maxFps: $("max-fps"),
@@ -66,8 +76,16 @@ const ui = {
 
 // What the user asked for; re-sent after every (re)connection whose session differs.
 // inputSize, track, read: settings since protocol 2, sent only where hello's features name
-// them; inputSize null is the server's own size (limits.input_size).
-const wanted = { confidence: null, classes: null, inputSize: null, track: true, read: false };
+// them; inputSize null is the server's own size (limits.input_size). events (protocol 3):
+// the session's own zones, lines and rules once this page changed them, else null.
+const wanted = {
+  confidence: null,
+  classes: null,
+  inputSize: null,
+  track: true,
+  read: false,
+  events: null,
+};
 const counters = { answered: 0, lost: 0, serverDropped: 0 };
 const windows = {
   sent: new RollingWindow(RATE_WINDOW_MS),
@@ -81,6 +99,11 @@ let hello = null;
 let features = new Set();
 let lastFrame = null;
 let bannerTimer = null;
+// Zones and lines (protocol 3): the node's, from hello's `events`, and the session's own as
+// the server last said (hello's settings, each settings answer); the zone being drawn.
+let nodeEvents = null;
+let sessionEvents = { zones: {}, lines: {}, rules: [] };
+let draft = null;
 
 const sources = new SourceManager(ui.video, ui.image);
 // The page runs unattended: it retries for ever (0.25 s doubling to 8 s, jittered), resumes
@@ -145,6 +168,9 @@ function onHello(msg) {
   }
   limits = msg.limits || null;
   features = new Set(msg.features || []);
+  nodeEvents = msg.events || null;
+  sessionEvents = { zones: {}, lines: {}, rules: [] };
+  if (!features.has("events") && draft) stopDrawing("this server has no zones");
   offerSessionOptions();
   if (!sameLabels(labels, msg.labels || [])) {
     labels = msg.labels || [];
@@ -290,11 +316,12 @@ function syncSettings(server) {
   if (features.has("track")) extra.track = wanted.track;
   if (features.has("input_size")) extra.input_size = wanted.inputSize;
   if (features.has("read")) extra.read = wanted.read;
+  if (features.has("events") && wanted.events) Object.assign(extra, wanted.events);
   if (
     server &&
     server.confidence === wanted.confidence &&
     sameClasses(server.classes, wanted.classes) &&
-    Object.entries(extra).every(([k, v]) => (server[k] ?? null) === v)
+    Object.entries(extra).every(([k, v]) => sameJson(server[k] ?? null, v))
   ) {
     return;
   }
@@ -355,6 +382,201 @@ function showServerSettings(s) {
   }
   ui.serverSettings.textContent = `server settings: ${parts.join(" · ")}`;
   shown.confidence = String(s.confidence);
+  if ("zones" in s || "lines" in s || "rules" in s) {
+    sessionEvents = { zones: s.zones || {}, lines: s.lines || {}, rules: s.rules || [] };
+  }
+  showRegions();
+}
+
+// -- zones and lines (protocol 3) ---------------------------------------------------------
+
+/** The node's and the session's zones and lines: on the picture, and listed. */
+function showRegions() {
+  const regions = regionsOf(nodeEvents, sessionEvents);
+  overlay.regions = regions;
+  const items = regions.map((r) => {
+    const item = document.createElement("li");
+    item.dataset.name = r.name;
+    item.dataset.kind = r.kind;
+    item.dataset.source = r.source;
+    const swatch = document.createElement("span");
+    swatch.className = "swatch";
+    swatch.style.background = regionColour(r.name).stroke;
+    const what = document.createElement("span");
+    what.className = "muted";
+    what.textContent = ` ${r.source === "node" ? "node's" : "this session's"} ${r.kind}`;
+    item.append(swatch, r.name, what);
+    if (r.source === "session") {
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.className = "remove";
+      remove.textContent = "Remove";
+      remove.setAttribute("aria-label", `Remove ${r.kind} ${r.name}`);
+      remove.addEventListener("click", () => removeRegion(r));
+      item.append(remove);
+    }
+    return item;
+  });
+  ui.zones.replaceChildren(...items);
+  ui.drawZone.disabled = !features.has("events");
+  if (!draft) showZoneHelp();
+  requestRender();
+}
+
+function showZoneHelp(text = null) {
+  let help = text;
+  if (help === null && draft) {
+    const n = draft.points.length;
+    help =
+      `drawing: ${n} point${n === 1 ? "" : "s"}. Click the corners (or arrow keys, Space); ` +
+      "Enter or double-click closes, Backspace undoes, Escape cancels.";
+  } else if (help === null) {
+    help = features.has("events")
+      ? "Draw zone, then click its corners on the picture; detections in a zone show its name."
+      : hello
+        ? "this server has no zones (protocol 3, feature events)"
+        : "zones: waiting for the server…";
+  }
+  if (ui.zoneHelp.textContent !== help) ui.zoneHelp.textContent = help;
+}
+
+function startDrawing() {
+  if (draft || ui.drawZone.disabled) return;
+  draft = new ZoneDraft(onDraftChanged);
+  overlay.draft = draft;
+  ui.drawZone.setAttribute("aria-pressed", "true");
+  ui.stage.classList.add("drawing");
+  ui.stage.tabIndex = 0;
+  ui.stage.setAttribute("aria-describedby", "zone-help");
+  ui.stage.focus({ preventScroll: true });
+  onDraftChanged();
+}
+
+/** End the drawing (added, or cancelled: `why` says so), focus back on the button. */
+function stopDrawing(why = null) {
+  if (!draft) return;
+  draft = null;
+  overlay.draft = null;
+  ui.drawZone.setAttribute("aria-pressed", "false");
+  ui.stage.classList.remove("drawing");
+  ui.stage.removeAttribute("tabindex");
+  ui.stage.removeAttribute("aria-describedby");
+  if (ui.zoneDialog.open) ui.zoneDialog.close("cancel");
+  ui.drawZone.focus({ preventScroll: true });
+  showZoneHelp(why);
+  requestRender();
+}
+
+function onDraftChanged() {
+  showZoneHelp();
+  requestRender();
+}
+
+/** Close the zone being drawn: ask for its name (the dialog), or say what it lacks. */
+function finishDrawing() {
+  if (!draft) return;
+  if (!draft.closable) {
+    showZoneHelp(`a zone needs at least 3 points (${draft.points.length} so far); Escape cancels`);
+    return;
+  }
+  draft.cursor = null;
+  requestRender();
+  let n = 1;
+  while (nameTaken(`zone-${n}`)) n += 1;
+  ui.zoneName.value = `zone-${n}`;
+  ui.zoneNameError.textContent = "";
+  ui.zoneDialog.returnValue = "";
+  ui.zoneDialog.showModal();
+  ui.zoneName.select();
+}
+
+function nameTaken(name) {
+  return [nodeEvents, sessionEvents].some(
+    (e) => e && (Object.hasOwn(e.zones || {}, name) || Object.hasOwn(e.lines || {}, name)),
+  );
+}
+
+async function addDrawnZone(event) {
+  event.preventDefault();
+  if (!draft) return;
+  const name = ui.zoneName.value.trim();
+  if (!NAME_PATTERN.test(name)) {
+    ui.zoneNameError.textContent = "letters, digits, _ . - only (at most 64)";
+    return;
+  }
+  if (nameTaken(name)) {
+    ui.zoneNameError.textContent = `there is a zone or line called ${name} already`;
+    return;
+  }
+  const base = wanted.events ?? sessionEvents;
+  const next = {
+    zones: { ...base.zones, [name]: draft.points.map((p) => [...p]) },
+    lines: { ...base.lines },
+    rules: [...base.rules],
+  };
+  if (ui.zoneAppear.checked) next.rules.push({ name: `${name}-appear`, on: "appear", zone: name });
+  ui.zoneNameError.textContent = "adding…";
+  const problem = await setSessionEvents(next);
+  if (problem !== null) {
+    ui.zoneNameError.textContent = `not added: ${problem}`;
+    return;
+  }
+  ui.zoneDialog.close("added");
+  stopDrawing(`zone ${name} added`);
+}
+
+async function removeRegion(region) {
+  const base = wanted.events ?? sessionEvents;
+  const next = { zones: { ...base.zones }, lines: { ...base.lines }, rules: [...base.rules] };
+  if (region.kind === "zone") {
+    delete next.zones[region.name];
+    next.rules = next.rules.filter((r) => r.zone !== region.name);
+  } else {
+    delete next.lines[region.name];
+    next.rules = next.rules.filter((r) => r.line !== region.name);
+  }
+  const problem = await setSessionEvents(next);
+  if (problem !== null) showBanner(`server: ${problem}`, "error", 6000);
+  else showZoneHelp(`${region.kind} ${region.name} removed`);
+}
+
+/**
+ * Send the session's own zones, lines and rules; the answer is shown. Returns null, or
+ * what the server (or the connection) said was wrong, with nothing changed.
+ */
+async function setSessionEvents(next) {
+  const before = wanted.events;
+  wanted.events = next;
+  try {
+    showServerSettings(await client.settings(next));
+    return null;
+  } catch (e) {
+    wanted.events = before;
+    return e instanceof FrameRejected ? e.detail : e.message;
+  }
+}
+
+/** Keys while drawing; true when the key was the drawing's. */
+function onDrawKey(e) {
+  const step = e.shiftKey ? 0.05 : 0.01;
+  const moves = { ArrowLeft: [-step, 0], ArrowRight: [step, 0], ArrowUp: [0, -step], ArrowDown: [0, step] };
+  if (e.key === "Escape") stopDrawing("drawing cancelled");
+  else if (e.key === "Enter") finishDrawing();
+  else if (e.key === "Backspace") draft.undo();
+  else if (e.key === " " || e.key === "+") draft.add(draft.cursor ?? [0.5, 0.5]);
+  else if (e.key in moves) draft.nudge(...moves[e.key]);
+  else return false;
+  e.preventDefault();
+  return true;
+}
+
+function onStagePointer(e) {
+  if (!draft) return;
+  const p = pictureFraction(sources.element, e.clientX, e.clientY);
+  if (p === null) return;
+  if (e.type === "click") draft.add(p);
+  else if (e.type === "dblclick") finishDrawing();
+  else draft.moveCursor(p);
 }
 
 function buildClassFilter() {
@@ -395,6 +617,10 @@ function onClassesChanged() {
   const chosen = inputs.filter((i) => i.checked).map((i) => Number(i.value));
   wanted.classes = chosen.length === inputs.length ? null : chosen;
   syncSettings(null);
+}
+
+function sameJson(a, b) {
+  return a === b || JSON.stringify(a) === JSON.stringify(b);
 }
 
 function sameLabels(a, b) {
@@ -589,6 +815,10 @@ function animate(now) {
     if (ui.overlay.dataset.labels !== labelsDrawn) ui.overlay.dataset.labels = labelsDrawn;
     // And the boxes (canvas pixels) with the time of the picture they were drawn for.
     ui.overlay.dataset.drawn = JSON.stringify({ at: overlay.drawnAt, boxes: overlay.drawn });
+    // And the zones and lines (canvas pixels), and the zone being drawn (fractions).
+    const regionsDrawn = JSON.stringify(overlay.drawnRegions);
+    if (ui.overlay.dataset.regions !== regionsDrawn) ui.overlay.dataset.regions = regionsDrawn;
+    ui.overlay.dataset.draft = draft ? JSON.stringify(draft.points) : "";
   }
   requestAnimationFrame(animate);
 }
@@ -651,9 +881,11 @@ function updateHud() {
 // -- keyboard ----------------------------------------------------------------------------
 
 function onKey(e) {
-  if (e.ctrlKey || e.metaKey || e.altKey) return;
+  if (e.ctrlKey || e.metaKey || e.altKey || ui.zoneDialog.open) return;
   const tag = e.target && e.target.tagName;
-  if (tag === "INPUT" || tag === "SELECT" || tag === "TEXTAREA") return;
+  const field = tag === "INPUT" || tag === "SELECT" || tag === "TEXTAREA";
+  if (draft && (e.key === "Escape" || !field) && onDrawKey(e)) return;
+  if (field) return;
   const key = e.key.toLowerCase();
   if (key === "p" || (key === " " && tag !== "BUTTON")) {
     e.preventDefault();
@@ -667,6 +899,9 @@ function onKey(e) {
     savePrefs();
   } else if (key === "r") {
     client.reconnect();
+  } else if (key === "z" && !ui.drawZone.disabled) {
+    e.preventDefault();
+    startDrawing();
   }
 }
 
@@ -728,6 +963,14 @@ function main() {
   ui.pause.addEventListener("click", () => setPaused(!sender.paused));
   ui.snapshot.addEventListener("click", takeSnapshot);
   ui.reconnect.addEventListener("click", () => client.reconnect());
+  ui.drawZone.addEventListener("click", () => (draft ? stopDrawing("drawing cancelled") : startDrawing()));
+  for (const type of ["click", "dblclick", "pointermove"]) ui.stage.addEventListener(type, onStagePointer);
+  ui.zoneForm.addEventListener("submit", addDrawnZone);
+  ui.zoneCancel.addEventListener("click", () => stopDrawing("drawing cancelled"));
+  // Escape in the dialog (or any close but "added") cancels the zone altogether.
+  ui.zoneDialog.addEventListener("close", () => {
+    if (ui.zoneDialog.returnValue !== "added") stopDrawing("drawing cancelled");
+  });
   document.addEventListener("keydown", onKey);
 
   new ResizeObserver(onStageResized).observe(ui.stage);

@@ -6,6 +6,7 @@
 import { contentRect, frameToCanvas } from "./geometry.js";
 import { MotionModel } from "./predict.js";
 import { naturalSize } from "./source.js";
+import { drawDraft, drawRegions } from "./zones.js";
 
 const LABEL_FONT_PX = 12;
 
@@ -75,7 +76,9 @@ export function drawDetections(ctx, detections, map, unit) {
     const tagName = det.track === undefined ? `${det.label ?? det.class}` : `#${det.track}`;
     // Since protocol 2, with reading on: the text read in the box rides on its label.
     const name = typeof det.text === "string" && det.text ? `${tagName} ${det.text}` : tagName;
-    const text = `${name} ${Math.round(det.score * 100)}%`;
+    // Since protocol 3: the zones the detection's anchor lies in, after its score.
+    const zones = Array.isArray(det.zones) && det.zones.length ? ` · ${det.zones.join(", ")}` : "";
+    const text = `${name} ${Math.round(det.score * 100)}%${zones}`;
     const textW = ctx.measureText(text).width + 2 * pad;
     const lx = Math.min(Math.max(0, x1 - unit), Math.max(0, ctx.canvas.width - textW));
     const rect = placeLabel(lx, textW, labelH, [y1 - labelH, y1, y2], placed, ctx.canvas.height);
@@ -134,6 +137,11 @@ export class Overlay {
     this.frozenAt = null; // performance.now() when the picture froze (paused), else null
     this.drawn = []; // the boxes last drawn (canvas pixels) and their tracks, for tests
     this.drawnAt = null; // the picture time they were drawn for (ms since the epoch)
+    // Zones and lines (protocol 3, zones.js), drawn under the boxes whether or not results
+    // come, and the zone being drawn ({points, cursor} in fractions of the frame) or null.
+    this.regions = [];
+    this.draft = null;
+    this.drawnRegions = []; // what was drawn of them (canvas pixels), for tests
   }
 
   /** The time of the picture on screen at `now` (performance.now()), on the frames' `ts`
@@ -218,8 +226,9 @@ export class Overlay {
     this.labels = [];
     this.drawn = [];
     this.drawnAt = null;
+    this.drawnRegions = [];
     const media = this.media();
-    if (!media || !this.current || cssRect.width === 0) return Infinity;
+    if (!media || cssRect.width === 0) return Infinity;
     const nat = naturalSize(media);
     const style = getComputedStyle(media);
     const rect = contentRect(
@@ -234,17 +243,24 @@ export class Overlay {
     const mediaBox = media.getBoundingClientRect();
     // canvas pixels per CSS pixel, exact even when the backing size was rounded
     const unit = canvas.width / cssRect.width;
-    const { result, frame } = this.current;
     const offX = mediaBox.left - cssRect.left + media.clientLeft;
     const offY = mediaBox.top - cssRect.top + media.clientTop;
+    const ctx = this.ctx;
+    const fractions = frameToCanvas(rect, 1, 1, unit, offX, offY);
+    const toCanvas = (p) => fractions.box([p[0], p[1], p[0], p[1]]).slice(0, 2);
+    if (!this.current) {
+      this._drawRegions(toCanvas, unit);
+      return Infinity;
+    }
+    const { result, frame } = this.current;
     const map = frameToCanvas(rect, result.width, result.height, unit, offX, offY);
     this.mapping = { rect, unit, offX, offY, frameW: result.width, frameH: result.height };
     const alpha = this.alpha(now);
-    const ctx = this.ctx;
     if (this.view === "analysed") {
       const tl = map.box([0, 0, result.width, result.height]);
       ctx.drawImage(frame.picture, tl[0], tl[1], tl[2] - tl[0], tl[3] - tl[1]);
     }
+    this._drawRegions(toCanvas, unit);
     if (alpha > 0 && result.detections.length) {
       ctx.save();
       ctx.globalAlpha = alpha;
@@ -256,6 +272,11 @@ export class Overlay {
       this.visibleBoxes = result.detections.length;
     }
     return this._changesIn(now);
+  }
+
+  _drawRegions(toCanvas, unit) {
+    if (this.regions.length) this.drawnRegions = drawRegions(this.ctx, this.regions, toCanvas, unit);
+    if (this.draft) drawDraft(this.ctx, this.draft, toCanvas, unit);
   }
 
   // How long until the drawing changes by itself (a fade starts or goes on): 0 means on the
@@ -286,12 +307,12 @@ export class Overlay {
       out.width = frame.picture.width;
       out.height = frame.picture.height;
       ctx.drawImage(frame.picture, 0, 0);
-      const map = frameToCanvas(
-        { x: 0, y: 0, width: out.width, height: out.height },
-        result.width,
-        result.height,
-      );
-      drawDetections(ctx, result.detections, map, Math.max(1, out.width / 640));
+      const whole = { x: 0, y: 0, width: out.width, height: out.height };
+      const map = frameToCanvas(whole, result.width, result.height);
+      const unit = Math.max(1, out.width / 640);
+      const toCanvas = (p) => [p[0] * out.width, p[1] * out.height];
+      if (this.regions.length) drawRegions(ctx, this.regions, toCanvas, unit);
+      drawDetections(ctx, result.detections, map, unit);
     } else {
       const media = this.media();
       if (!media) return null;
