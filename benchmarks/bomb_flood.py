@@ -106,6 +106,7 @@ async def _bomber(url: str, bomb: bytes, window: int, until: float, out: dict[st
                 outstanding -= 1
                 out["answered"] += 1
                 out["decode_ms"].append(reply["timing"]["decode_ms"])
+                out["timing"].append(reply["timing"])
             elif reply.get("type") == "error":
                 outstanding -= 1
                 out["refused"][reply["code"]] = out["refused"].get(reply["code"], 0) + 1
@@ -134,6 +135,18 @@ def _bombs(url: str, bomb: bytes, n: int, window: int, until: float, out: dict[s
     asyncio.run(all_of_them())
 
 
+#: The server's per-stage timings of a result (pipeline.py ``_timing``).
+_STAGES = ("decode_ms", "shape_ms", "queue_ms", "batch_wait_ms", "infer_ms", "post_ms", "server_ms")
+
+
+def loadavg() -> list[float]:
+    """The machine's 1, 5 and 15 minute load averages (a shared machine's other load)."""
+    try:
+        return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []
+
+
 def _metric(url: str, name: str) -> float:
     import urllib.request
 
@@ -155,6 +168,7 @@ def _run(
         argv += ["--set", s]
     url = f"ws://127.0.0.1:{port}/ws"
     http_url = f"http://127.0.0.1:{port}"
+    load_before = loadavg()
     with Server(argv, port, out / f"server-{name}.log") as server:
         assert server.proc is not None
         time.sleep(2.0)  # settled after warm-up
@@ -163,7 +177,13 @@ def _run(
         sampler.start()
         duration = max(args.duration, args.samples / args.fps)
         start_at = time.time() + 3.0
-        bombs: dict[str, Any] = {"sent": 0, "answered": 0, "refused": {}, "decode_ms": []}
+        bombs: dict[str, Any] = {
+            "sent": 0,
+            "answered": 0,
+            "refused": {},
+            "decode_ms": [],
+            "timing": [],
+        }
         bomber = None
         lone_decode_ms = float("nan")
         if bomb is not None:
@@ -189,6 +209,10 @@ def _run(
             "errors": camera.errors,
             "latency_ms": summary(camera.latencies_ms),
             "decode_ms": summary([t["decode_ms"] for t in camera.server_timing]),
+            # Where its time went on the server (each answered frame's own timing).
+            "stages_ms": {
+                k: summary([t[k] for t in camera.server_timing if k in t]) for k in _STAGES
+            },
         },
         "bombs": {
             "connections": args.bombers if bomb is not None else 0,
@@ -196,11 +220,13 @@ def _run(
             "answered": bombs["answered"],
             "refused": bombs["refused"],
             "decode_ms": summary(bombs["decode_ms"]),
+            "stages_ms": {k: summary([t[k] for t in bombs["timing"] if k in t]) for k in _STAGES},
             "lone_decode_ms": lone_decode_ms,
         },
         "rss_mib": {"idle": idle, "peak": peak, "peak_minus_idle": peak - idle},
         "budget_mib": budget,
         "budget_peak_mib": budget_peak,
+        "loadavg": {"before": load_before, "after": loadavg()},
     }
 
 
@@ -266,6 +292,16 @@ def main(argv: list[str] | None = None) -> int:
         f"RSS +{flood['rss_mib']['peak_minus_idle']:.0f} MiB, target "
         f"{report['rss_target_mib']:.0f} MiB"
     )
+    print("server stage p50 / p95 ms (camera | bombs):")
+    for r in runs:
+        cam, bmb = r["camera"]["stages_ms"], r["bombs"]["stages_ms"]
+        line = "  ".join(
+            f"{k[:-3]} {cam[k]['p50']:.0f}/{cam[k]['p95']:.0f}"
+            + (f"|{bmb[k]['p50']:.0f}/{bmb[k]['p95']:.0f}" if bmb[k].get("n") else "")
+            for k in _STAGES
+        )
+        print(f"  {r['name']:<6} {line}")
+    print(f"load average before/after each run: {[r['loadavg'] for r in runs]}")
     (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
     print(f"results: {out / 'results.json'}")
     return 0

@@ -17,6 +17,10 @@ import aiohttp
 import pytest
 
 from benchmarks.bomb_flood import progressive_jpeg_bomb
+from benchmarks.soak import png_of_zeros
+from edge_vision.frames.batch import ReadyBatch
+from edge_vision.model.shape import plan_for_frame
+from edge_vision.serve.app_keys import SERVICE
 
 from ..support.clients import connect, frame_binary, recv
 from ..support.images import text_scene
@@ -124,3 +128,77 @@ async def test_a_camera_decodes_between_bomb_turns_not_after_all_of_them(
     # Waiting for the one bomb decode running, not for the queue of them (16 waiting).
     print(f"lone bomb decode {lone:.0f} ms; camera decode_ms {[round(w) for w in waits]}")
     assert statistics.median(waits) < 2.5 * lone, (lone, waits)
+
+
+async def test_png_bombs_are_answered_and_a_camera_goes_to_the_engine_before_them(
+    server: RunningServer,
+) -> None:
+    """4,600² PNGs of zeros (62 KB, half a second of a core to decode and letterbox): four
+    sessions keep two each in flight beside a 720p camera. The bombs are answered, not
+    refused; in the engine's queue the camera's frame, which cost milliseconds, goes
+    before the bombs' waiting frames (turns charged by host time, batch.py), where equal
+    turns made it wait for every bomb session served less recently."""
+    bomb = png_of_zeros(4600)
+    camera_jpeg = text_scene(1280, 720).jpeg()
+    planner = server.app[SERVICE]._batcher.planner  # type: ignore[union-attr]
+    pop_ready = planner.pop_ready
+    camera_shape: list[tuple[int, int]] = []
+    skipped: list[int] = [0]  # bomb batches run while a camera frame was ready, per frame
+
+    def watched(now: float) -> ReadyBatch[Any] | None:
+        ready = [
+            shape
+            for shape, bucket in planner._buckets.items()
+            if bucket and bucket[0].t + planner.window_s <= now
+        ]
+        batch = pop_ready(now)
+        if batch is not None and camera_shape:
+            if batch.shape == camera_shape[0]:
+                skipped.append(0)
+            elif camera_shape[0] in ready:
+                skipped[-1] += 1
+        return batch
+
+    planner.pop_ready = watched  # type: ignore[method-assign]
+    done = asyncio.Event()
+    bombs: list[dict[str, Any]] = []
+
+    async def bomber(http: aiohttp.ClientSession) -> None:
+        ws, _ = await connect(http, server.ws_url + "?mode=every")
+        sent = answered = 0
+        for _ in range(2):
+            await ws.send_bytes(frame_binary(sent, 0.0, bomb))
+            sent += 1
+        while answered < sent:
+            reply = await recv(ws, timeout=T(60))
+            bombs.append(reply)
+            answered += 1
+            if not done.is_set():
+                await ws.send_bytes(frame_binary(sent, 0.0, bomb))
+                sent += 1
+        await ws.close()
+
+    async def camera(http: aiohttp.ClientSession) -> list[dict[str, Any]]:
+        ws, _ = await connect(http, server.ws_url)
+        await asyncio.sleep(T(3))  # the bombs' sessions are known to be slow by now
+        replies = []
+        for i in range(10):
+            await ws.send_bytes(frame_binary(i, 0.0, camera_jpeg))
+            replies.append(await recv(ws, timeout=T(60)))
+        done.set()
+        await ws.close()
+        return replies
+
+    # The camera's canvas shape (the bombs' is square).
+    lb = plan_for_frame(1280, 720, server.app[SERVICE].spec.limits)
+    camera_shape.append((lb.out_h, lb.out_w))
+    async with aiohttp.ClientSession() as http:
+        results = await asyncio.gather(camera(http), *(bomber(http) for _ in range(4)))
+    replies = results[0]
+    assert all(r["type"] == "result" for r in replies), replies
+    refused = [b for b in bombs if b["type"] != "result"]
+    assert bombs and not refused, refused[:2]
+    # Ready beside bombs, the camera's frame went in the next batch, or the one after
+    # when a bomb of equal standing was older (the first turns, before costs are known).
+    print(f"bomb batches run while a camera frame was ready: {skipped}")
+    assert max(skipped[-8:]) <= 1, skipped

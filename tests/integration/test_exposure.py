@@ -111,6 +111,40 @@ async def test_dns_rebinding_reaches_neither_metrics_nor_the_api_nor_the_socket(
     assert raw.status == 403
 
 
+async def test_with_auth_on_a_rebinding_page_without_credentials_reaches_nothing(
+    server_factory: Any, tmp_path: Path
+) -> None:
+    """With auth on the Host is not checked (the credential is the check): a rebinding page
+    has no credential, so /metrics, /api/* and /ws answer 401, and a stream-only
+    credential does not open the admin paths (403)."""
+    from edge_vision.serve import auth
+
+    secret = tmp_path / "token.secret"
+    await asyncio.to_thread(secret.write_bytes, secrets.token_bytes(32).hex().encode() + b"\n")
+    key = "evk_" + secrets.token_hex(20)
+    srv = await server_factory(
+        {
+            "auth": {
+                "enabled": True,
+                "token_secret_file": str(secret),
+                "api_keys": [
+                    {"name": "cam", "sha256": auth.hash_api_key(key), "scopes": ["stream"]}
+                ],
+            }
+        }
+    )
+    stream = {**REBINDING, "Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession() as http:
+        for path in ("/metrics", "/api/sessions", "/api/nodes"):
+            assert await _status(http, "GET", srv.url + path, REBINDING) == 401, path
+            assert await _status(http, "GET", srv.url + path, {"Host": "evil.example"}) == 401
+            assert await _status(http, "GET", srv.url + path, stream) == 403, path
+        assert await _status(http, "POST", srv.url + "/api/engine/retry", REBINDING) == 401
+    raw = await handshake(srv.port, "/ws", list(REBINDING.items()))
+    raw.close_with_reset()
+    assert raw.status == 401
+
+
 async def test_a_name_in_allowed_hosts_is_served(server_factory: Any) -> None:
     srv = await server_factory({"server": {"allowed_hosts": ["vision.plant.example"]}})
     async with aiohttp.ClientSession() as http:
