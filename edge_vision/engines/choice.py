@@ -186,12 +186,16 @@ def _read_machine(env: Mapping[str, str]) -> Machine:
 #: Set for a GPU engine wherever the user did not set them: the GPU batches across
 #: cameras (the CPU engine gains nothing from batching), keeps three batches in flight
 #: so copies overlap compute, holds at most two frames a camera (lower latency at the same
-#: throughput), and decodes JPEGs on the GPU when a device decoder is installed.
+#: throughput), decodes JPEGs on the GPU when a device decoder is installed, and warms only
+#: 16:9 frames at start (every batch size of a shape is a compile of its own: the four
+#: default shapes made a node ready in 230 s even from a warm compile cache; another
+#: shape compiles at its first frame).
 GPU_DEFAULTS: dict[str, Any] = {
     "engine.max_batch": 16,
     "engine.in_flight": 3,
     "session.latest_in_flight": 2,
     "decode.device": "auto",
+    "engine.warmup_shapes": [(720, 1280)],
 }
 
 

@@ -41,6 +41,9 @@ from .route import PRIOR_RATES, RateMeter, assign, describe, loads_of, split_bat
 
 log = logging.getLogger(__name__)
 
+#: How often the routed decoder logs what each route decoded (INFO).
+ROUTES_LOG_S = 30.0
+
 
 class RoutedDecoder:
     """Splits each batch between the device routes and the host (module docstring)."""
@@ -59,9 +62,12 @@ class RoutedDecoder:
         self._pool = host_pool
         self.meters = {r: RateMeter(PRIOR_RATES[r]) for r in self.devices}
         self.meters["host"] = RateMeter(PRIOR_RATES["host_per_thread"] * max(1, host_threads))
+        # One host decoder is never done with a frame sooner than one core decodes it.
+        self._floors = {"host": 1.0 / PRIOR_RATES["host_per_thread"]}
         self._queued: dict[str, int] = dict.fromkeys(self.meters, 0)
         self._lock = threading.Lock()
         self.frames = Counter[str]()  # frames each route decoded (logs, tests)
+        self._said_at = time.monotonic()
 
     @property
     def device(self) -> Any:
@@ -83,9 +89,10 @@ class RoutedDecoder:
     def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[Outcome]:
         n = len(requests)
         with self._lock:
-            split = split_batch(n, loads_of(self._queued, self.meters))
+            split = split_batch(n, loads_of(self._queued, self.meters, self._floors))
             for r, k in split.items():
                 self._queued[r] += k
+            self._say_routes()
         routes = assign(n, split)
         log.debug("decode split: %s", describe(split))
         out: list[Outcome | None] = [None] * n
@@ -106,6 +113,19 @@ class RoutedDecoder:
                 for r, k in split.items():
                     self._queued[r] -= k
         return [o if o is not None else ClientError("bad_image", "not decoded") for o in out]
+
+    def _say_routes(self) -> None:
+        """Every :data:`ROUTES_LOG_S`: the frames each route decoded and its rate now."""
+        now = time.monotonic()
+        if now - self._said_at < ROUTES_LOG_S or not self.frames:
+            return
+        self._said_at = now
+        log.info(
+            "decode routes so far: %s",
+            ", ".join(
+                f"{r} {self.frames[r]} frames at {m.rate:.0f}/s" for r, m in self.meters.items()
+            ),
+        )
 
     def _device_call(
         self,

@@ -9,7 +9,8 @@ each batch is split by :func:`split_batch` from what each route has queued now a
 it has been decoding (:class:`RateMeter`, frames a second, measured per call): the hardware
 engine takes every frame it would get to within :data:`SPILL_AFTER_S`; beyond that backlog
 each frame goes where it would be done first, so the CUDA decoder and the host take the
-overflow in proportion to their speed. No fixed split is configured.
+overflow in proportion to their speed (a host decoder is never sooner than one frame's
+decode on one core: :attr:`RouteLoad.floor_s`). No fixed split is configured.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from dataclasses import dataclass
 
 #: The routes, in the order a tie goes (the cheapest for the host first).
 ROUTES = ("hw", "cuda", "host")
-#: The hardware engine takes every frame it would get to within this long (about one
-#: engine batch at 128 cameras): an overflow beyond it spills to the other routes.
-SPILL_AFTER_S = 0.010
+#: The hardware engine takes every frame it would get to within this long (one frame
+#: interval at 30 fps): an overflow beyond it spills to the other routes. 10 ms spilled
+#: half of each batch to the host at 64 cameras on an H100 (docs/benchmarks.md, 2026-12-07).
+SPILL_AFTER_S = 0.033
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,7 @@ class RouteLoad:
 
     queued: int  # frames given to it and not decoded yet
     rate: float  # frames a second it decodes (measured; a prior until then)
+    floor_s: float = 0.0  # the soonest it can be done with any one frame
 
 
 def split_batch(
@@ -48,7 +51,8 @@ def split_batch(
     given = dict.fromkeys(loads, 0)
 
     def done_after(r: str) -> float:
-        return (loads[r].queued + given[r] + 1) / loads[r].rate
+        load = loads[r]
+        return max(load.floor_s, (load.queued + given[r] + 1) / load.rate)
 
     first = usable[0]
     for _ in range(frames):
@@ -99,8 +103,13 @@ class RateMeter:
 PRIOR_RATES = {"hw": 5000.0, "cuda": 3000.0, "host_per_thread": 267.0}
 
 
-def loads_of(queued: Mapping[str, int], meters: Mapping[str, RateMeter]) -> dict[str, RouteLoad]:
-    return {r: RouteLoad(queued.get(r, 0), m.rate) for r, m in meters.items()}
+def loads_of(
+    queued: Mapping[str, int],
+    meters: Mapping[str, RateMeter],
+    floors: Mapping[str, float] | None = None,
+) -> dict[str, RouteLoad]:
+    floors = floors or {}
+    return {r: RouteLoad(queued.get(r, 0), m.rate, floors.get(r, 0.0)) for r, m in meters.items()}
 
 
 def describe(split: Mapping[str, int], routes: Sequence[str] = ROUTES) -> str:

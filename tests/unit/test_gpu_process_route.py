@@ -27,10 +27,11 @@ def loads(hw: int, cuda: int, host: int) -> dict[str, RouteLoad]:
 
 
 def test_an_idle_hardware_engine_takes_the_whole_batch() -> None:
-    assert split_batch(48, loads(0, 0, 0)) == {"hw": 48, "cuda": 0, "host": 0}
-    # What it would reach only after 10 ms spills: 64 frames are 12.8 ms of its work.
-    spilled = split_batch(64, loads(0, 0, 0))
-    assert spilled["hw"] == 50 and spilled["cuda"] + spilled["host"] == 14
+    assert split_batch(64, loads(0, 0, 0)) == {"hw": 64, "cuda": 0, "host": 0}
+    # What it would reach only after 33 ms (one frame interval at 30 fps) spills: 200
+    # frames are 40 ms of its work.
+    spilled = split_batch(200, loads(0, 0, 0))
+    assert spilled["hw"] == 165 and spilled["cuda"] + spilled["host"] == 35
 
 
 def test_a_backed_up_hardware_engine_sends_the_overflow_where_it_is_done_sooner() -> None:
@@ -38,6 +39,7 @@ def test_a_backed_up_hardware_engine_sends_the_overflow_where_it_is_done_sooner(
     # sooner until its own queue is that long, and the host takes a share too.
     split = split_batch(64, loads(400, 0, 0))
     assert split["cuda"] > 0 and split["host"] > 0
+    assert split["hw"] == 0  # 400 queued are 80 ms of its work: past the spill
     assert split["cuda"] > split["host"]  # in proportion to their speed
     assert sum(split.values()) == 64
 
@@ -45,6 +47,19 @@ def test_a_backed_up_hardware_engine_sends_the_overflow_where_it_is_done_sooner(
 def test_a_busy_host_pool_gets_nothing_while_the_gpu_has_room() -> None:
     split = split_batch(16, loads(10, 0, 200))
     assert split["host"] == 0 and split["hw"] + split["cuda"] == 16
+
+
+def test_a_host_decoder_is_never_sooner_than_one_frame_on_one_core() -> None:
+    # A pool of 64 host threads has a large summed rate, but each frame still takes a
+    # core 3.7 ms: while the GPU's routes are done sooner, the host gets nothing.
+    many = {
+        "hw": RouteLoad(200, HW),
+        "cuda": RouteLoad(0, CUDA),
+        "host": RouteLoad(0, 64 * 267.0, 1 / 267.0),
+    }
+    assert split_batch(8, many)["host"] == 0
+    no_floor = {**many, "host": RouteLoad(0, 64 * 267.0)}
+    assert split_batch(8, no_floor)["host"] > 0
 
 
 def test_a_route_without_a_rate_takes_nothing_and_no_route_is_an_error() -> None:
