@@ -20,8 +20,10 @@ counted, as with a live camera.
 Outputs, all in frame order: ``--out`` an annotated video (each frame carries its own
 result; frames without one are marked), ``--jsonl`` one line per frame, and a summary
 (frames, answered, dropped, fps, latency p50/p95/p99 per stage) on stdout and in
-``--summary-json``. Ctrl-C stops reading, finishes the frames in flight (a second Ctrl-C
-abandons them) and still closes every output properly; the exit code is then 130.
+``--summary-json``; with ``--events``, or rules and sinks in the config, the events the
+config's rules raise (:mod:`.events`: a JSONL file, and the sinks). Ctrl-C stops
+reading, finishes the frames in flight (a second Ctrl-C abandons them) and still closes
+every output properly; the exit code is then 130.
 
 The modules, in the order a frame meets them:
 
@@ -32,6 +34,7 @@ The modules, in the order a frame meets them:
 ``local_target``       :class:`LocalTarget`: in-process, under the server's session runner
 ``remote_target``      :class:`RemoteTarget`: a running server, through the client
 ``books``              outcomes, :class:`InOrder` (frame order), :class:`ReplayStats`
+``events``             the config's rules over the answered frames: ``--events``, sinks
 ``writers``            JSONL lines, the annotated video, the summary text
 ``command``            the command line: arguments, ``main``, ``register_cli``
 =====================  ===============================================================

@@ -81,16 +81,19 @@ class ReplayEvents:
     in frame order, :meth:`finish` once the video ended, :meth:`close` to drain the
     sinks."""
 
-    def __init__(self, config: Config, session: str | None = None) -> None:
+    def __init__(self, config: Config, metrics: Metrics, session: str | None = None) -> None:
+        """``metrics``: a registry of the replay's own (its sinks' counts are read there;
+        made off the loop: :class:`Metrics` looks at the board it runs on)."""
         self.config = config
         self.node = config.state.node_id or f"{socket.gethostname()}-replay"
         self.session = session or secrets.token_hex(8)
         self._labels: dict[int, str] = {}
         self.rules = SessionRules.build(config.events, None, self._label)
+        self._crops = any(r.crop for r in self.rules.rules)
         self.tracker = Tracker()
         self.tracker.reports_ended = True
         self.counts = EventCounts({r.name: 0 for r in self.rules.rules})
-        self._metrics = Metrics()
+        self._metrics = metrics
         sinks = build_sinks(config.events, config.state, client_id=f"edge-vision-{self.node}")
         self.hub = EventHub(config.events, sinks, self._metrics) if sinks else None
         self._last_t = 0.0
@@ -148,8 +151,9 @@ class ReplayEvents:
         ended = self.tracker.take_ended()
         if ended:
             fired += self.rules.ended(ended, t)
-        jpeg = record.encoded.jpeg
-        crop = FrameMessage(frame.index, ts, jpeg, False, time.perf_counter())
+        crop = None
+        if fired and self._crops:  # what a rule with crop: true cuts its JPEG from
+            crop = FrameMessage(frame.index, ts, record.encoded.jpeg, False, time.perf_counter())
         return self._raise(fired, crop)
 
     def finish(self) -> list[bytes]:

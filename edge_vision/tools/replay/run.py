@@ -79,7 +79,7 @@ class Replay:
             stack.push_async_callback(asyncio.to_thread, source.close)
             info = source.info
             mode: Mode = opts.mode or ("latest" if info.live else "every")
-            self.events = events = self._make_events()  # a sink's bad config fails here
+            self.events = events = await self._make_events()  # a sink's bad config fails here
             target = self._make_target(mode)
             stack.push_async_callback(target.close)
             await target.start()  # loads the model or connects: the likeliest failures
@@ -112,7 +112,7 @@ class Replay:
         self._write_q.put_nowait(None)
         await writer_task
 
-    def _make_events(self) -> ReplayEvents | None:
+    async def _make_events(self) -> ReplayEvents | None:
         """The rules' events, when ``--events`` asks for them or the config has rules and
         sinks to deliver them to (docs/events.md, "Replay")."""
         config = self.config
@@ -126,9 +126,10 @@ class Replay:
         if self.opts.events is None and not config.events.rules:
             return None
         # On demand, not at the top: CLI start-up (docs/architecture.md, "Imports").
+        from ...common.metrics import Metrics
         from .events import ReplayEvents
 
-        events = ReplayEvents(config)
+        events = ReplayEvents(config, await asyncio.to_thread(Metrics))
         if self.opts.events is None and events.hub is None:
             return None  # rules, but nowhere to tell: nothing to do
         if not events.rules.rules:
