@@ -195,6 +195,9 @@ REMOVED_KEYS: dict[str, str] = {
     "(docs/benchmarks.md, 'the same-run before/after and the push')",
     "server.gil_switch_ms": "a shorter GIL switch interval answered no more frames "
     "(docs/benchmarks.md, 'what holds 64 cameras back, and the final before/after')",
+    "decode.device_wait": "the engine's stream waiting for each decoded canvas answered no "
+    "more frames and took more server CPU a frame than the decode thread waiting "
+    "(docs/benchmarks.md, 'MPS, eight workers and the stream hand-off')",
 }
 
 

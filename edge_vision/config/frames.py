@@ -83,15 +83,6 @@ class DecodeConfig(_Section):
         "(docs/benchmarks.md, 'one configuration for 64 and 32 cameras'; "
         "docs/deployment.md).",
     )
-    device_wait: Literal["host", "stream"] = Field(
-        "host",
-        description="Who waits for a device decode (decode.device cuda): host, the decode "
-        "thread waits for the decoder's stream before the frame goes on; stream, the "
-        "engine's CUDA stream waits on the GPU for each canvas's event, so the decode "
-        "thread is free at once. host is the default: stream answers no more frames and "
-        "takes more server CPU a frame (docs/benchmarks.md, 'MPS, eight workers and the "
-        "stream hand-off').",
-    )
     pool_idle_bytes: int = Field(
         16 * 1024 * 1024,
         ge=0,

@@ -23,7 +23,7 @@ class DeviceFrame:
 
     ``tensor``: the ``out_h × out_w × 3`` uint8 BGR torch CUDA tensor. ``ready``: a CUDA
     event recorded on the decoder's stream after the decode and letterbox that write it
-    (None: complete already, ``decode.device_wait`` host). An engine's stream waits for it
+    (None: complete already, the decoder's ``wait`` host). An engine's stream waits for it
     on the GPU (:func:`wait_ready`) before reading, so with ``stream`` the decoder's
     thread need not wait for the GPU; the engine holds the frame until its own batch,
     which waited for ``ready``, is done (:class:`~.engines.gpu_base.GpuSlot`).

@@ -17,7 +17,7 @@ For torchvision's nvJPEG, compressed bytes are staged in a pool of their own
 nvImageCodec reads them where they are.
 
 Stream ordering: the GPU decode and the letterbox run on the decoder's own CUDA stream.
-With ``decode.device_wait`` host (the default), :meth:`CudaBatchDecoder.decode_batch`
+With ``wait`` host (what the service runs), :meth:`CudaBatchDecoder.decode_batch`
 returns once its stream has finished (the wait blocks the worker thread, not the event
 loop). With ``stream`` it returns once that work is queued: each canvas is a
 :class:`~edge_vision.frames.decode_batch.DeviceFrame` carrying an event recorded after it, and the
@@ -163,7 +163,7 @@ class CudaBatchDecoder:
 
     ``streams``: how many batches may decode at once (one CUDA stream each).
     ``staging``: allocator for the compressed-bytes pool (the CUDA layer's pinned one).
-    ``wait`` (``decode.device_wait``): ``host``, the decoder's thread waits for its stream;
+    ``wait``: ``host`` (what the service runs), the decoder's thread waits for its stream;
     ``stream``, each canvas carries an event the engine's stream waits for on the GPU.
     ``backends`` (nvImageCodec): ``hw`` the hardware JPEG engine, ``cuda`` the CUDA decoder,
     tried in that order.
@@ -184,7 +184,7 @@ class CudaBatchDecoder:
         backends: Sequence[str] = ("hw", "cuda"),
     ) -> None:
         cuda = device.startswith("cuda")
-        self.wait = wait  # decode.device_wait: who waits for the decoder's stream
+        self.wait = wait  # who waits for the decoder's stream (tests try both)
         # torch's CPU device: only this module's tests, with their own _nvjpeg
         self._torch = import_cuda_torch() if cuda else importlib.import_module("torch")
         self._tvio: Any = None

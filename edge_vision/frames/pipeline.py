@@ -143,7 +143,6 @@ class FramePipeline:
                 staging=allocator,
                 library=d.device_library,
                 cpu_threads=threads,
-                wait=d.device_wait,
             )
             if device is not None:
                 log.info(

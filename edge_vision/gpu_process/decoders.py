@@ -179,7 +179,6 @@ class GpuSidePipeline(FramePipeline):
                 streams=d.device_streams,
                 library=library,
                 cpu_threads=threads,
-                wait=d.device_wait,
                 backends=backends,
                 **kw,
             )

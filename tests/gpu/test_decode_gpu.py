@@ -38,7 +38,7 @@ pytestmark = [
 ]
 
 
-def _config(decode_device: str, wait: str = "host", **engine: Any) -> Config:
+def _config(decode_device: str, **engine: Any) -> Config:
     from ..support.server import make_config
 
     base: dict[str, Any] = {
@@ -51,7 +51,7 @@ def _config(decode_device: str, wait: str = "host", **engine: Any) -> Config:
         "torch": {"device": "cuda:0", "fp16": True, "cuda_graphs": True},
     }
     base.update(engine)
-    return make_config({"engine": base, "decode": {"device": decode_device, "device_wait": wait}})
+    return make_config({"engine": base, "decode": {"device": decode_device}})
 
 
 def _msg(i: int, data: bytes) -> FrameMessage:
@@ -69,12 +69,16 @@ class _Served:
     """A started torch engine service and its pipeline (decode.device as given)."""
 
     def __init__(self, spec: ModelSpec, decode_device: str, wait: str = "host") -> None:
-        self.cfg = _config(decode_device, wait)
+        self.cfg = _config(decode_device)
         self.service = InferenceService(spec, self.cfg)
+        self.wait = wait  # who waits for the decoder's stream: the service runs host
 
     async def __aenter__(self) -> FramePipeline:
         await self.service.start()
         self.pipeline = FramePipeline(self.cfg, self.service)
+        device = self.pipeline.decoding.device
+        if isinstance(device, CudaBatchDecoder):
+            device.wait = self.wait
         return self.pipeline
 
     async def __aexit__(self, *exc: object) -> None:
@@ -172,7 +176,7 @@ async def test_detections_with_gpu_decode_equal_the_host_path_and_a_corrupt_jpeg
             assert max(iou(b, g) for g in gpu_boxes) >= 0.9, (b, gpu_boxes)
 
 
-@pytest.mark.parametrize("wait", ["host", "stream"])  # decode.device_wait
+@pytest.mark.parametrize("wait", ["host", "stream"])  # CudaBatchDecoder.wait
 async def test_inputs_queued_on_engine_streams_are_never_overwritten_by_a_decode(
     spec: ModelSpec, wait: str
 ) -> None:

@@ -88,11 +88,16 @@ def test_an_old_config_with_a_removed_key_starts_and_says_what_to_delete(
     with caplog.at_level("WARNING", logger="edge_vision.config"):
         config = load_config(
             environ={"EDGE_VISION_SERVER__GIL_SWITCH_MS": "1"},
-            cli={"engine": {"cuda_sync": "blocking", "max_batch": 2}},
+            cli={
+                "engine": {"cuda_sync": "blocking", "max_batch": 2},
+                "decode": {"device_wait": "stream"},
+            },
         )
     assert config.engine.max_batch == 2
+    assert not hasattr(config.decode, "device_wait")
     said = [r.getMessage() for r in caplog.records]
     assert any("'engine.cuda_sync' is no longer used" in m and "delete it" in m for m in said)
     assert any("'server.gil_switch_ms' is no longer used" in m for m in said)
+    assert any("'decode.device_wait' is no longer used" in m for m in said)
     with pytest.raises(ConfigError, match=r"unknown config key 'engine\.cuda_synk'"):
         load_config(environ={}, cli={"engine": {"cuda_synk": "blocking"}})

@@ -209,8 +209,7 @@ def load_run(
     stages: dict[str, dict[str, float]] = {}
     for key in (
         "decode_ms",
-        # the letterbox; with GPU decode and decode.device_wait host, also the wait for
-        # the decoder's stream
+        # the letterbox; with GPU decode, also the wait for the decoder's stream
         "shape_ms",
         "queue_ms",
         "batch_wait_ms",
