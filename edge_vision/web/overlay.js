@@ -3,9 +3,9 @@
 // it belongs to, and over the live picture each tracked box carried to where its track is
 // on the frame now on screen (predict.js). Old boxes fade out when results stop coming.
 
-import { contentRect, frameToCanvas } from "./geometry.js";
+import { frameToCanvas } from "./geometry.js";
 import { MotionModel } from "./predict.js";
-import { naturalSize } from "./source.js";
+import { pictureRect } from "./source.js";
 import { drawDraft, drawRegions } from "./zones.js";
 
 const LABEL_FONT_PX = 12;
@@ -229,16 +229,7 @@ export class Overlay {
     this.drawnRegions = [];
     const media = this.media();
     if (!media || cssRect.width === 0) return Infinity;
-    const nat = naturalSize(media);
-    const style = getComputedStyle(media);
-    const rect = contentRect(
-      media.clientWidth,
-      media.clientHeight,
-      nat.width,
-      nat.height,
-      style.objectFit,
-      style.objectPosition,
-    );
+    const rect = pictureRect(media);
     if (!rect) return Infinity;
     const mediaBox = media.getBoundingClientRect();
     // canvas pixels per CSS pixel, exact even when the backing size was rounded

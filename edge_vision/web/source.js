@@ -2,6 +2,8 @@
 // file played in a loop, or a still image. Each shows itself in the stage's <video> or
 // <img> element; the sender and the overlay read that element.
 
+import { contentRect } from "./geometry.js";
+
 export const RESOLUTIONS = {
   auto: null,
   "640x480": [640, 480],
@@ -19,6 +21,24 @@ export function naturalSize(el) {
   if (!el) return { width: 0, height: 0 };
   if (el instanceof HTMLVideoElement) return { width: el.videoWidth, height: el.videoHeight };
   return { width: el.naturalWidth, height: el.naturalHeight };
+}
+
+/**
+ * Where the picture lies inside its element (object-fit and object-position applied), in CSS
+ * pixels from the element's content box; null before the picture has a size.
+ * @param {HTMLVideoElement | HTMLImageElement} media
+ */
+export function pictureRect(media) {
+  const nat = naturalSize(media);
+  const style = getComputedStyle(media);
+  return contentRect(
+    media.clientWidth,
+    media.clientHeight,
+    nat.width,
+    nat.height,
+    style.objectFit,
+    style.objectPosition,
+  );
 }
 
 export class SourceManager {

@@ -3,8 +3,7 @@
 // drawing of a new zone, point by point, with the mouse or the keyboard. Coordinates are
 // fractions of the frame (0..1, x right, y down), as the server takes them.
 
-import { contentRect } from "./geometry.js";
-import { naturalSize } from "./source.js";
+import { pictureRect } from "./source.js";
 
 /** What a zone's, line's and rule's name may be (docs/protocol.md, `Name`). */
 export const NAME_PATTERN = /^[A-Za-z0-9_.-]{1,64}$/;
@@ -180,16 +179,7 @@ export function drawDraft(ctx, draft, toCanvas, unit) {
  */
 export function pictureFraction(media, clientX, clientY) {
   if (!media) return null;
-  const nat = naturalSize(media);
-  const style = getComputedStyle(media);
-  const rect = contentRect(
-    media.clientWidth,
-    media.clientHeight,
-    nat.width,
-    nat.height,
-    style.objectFit,
-    style.objectPosition,
-  );
+  const rect = pictureRect(media);
   if (!rect) return null;
   const box = media.getBoundingClientRect();
   const fx = (clientX - box.left - media.clientLeft - rect.x) / rect.width;
