@@ -14,6 +14,7 @@ from blockbuster import BlockBuster, blockbuster_ctx
 from edge_vision.config import ModelConfig
 from edge_vision.model.spec import ModelSpec, load_model_spec
 
+from .support.mosquitto import Mosquitto
 from .support.redis_server import RedisServer
 from .support.server import RunningServer, make_config, running_server
 
@@ -105,3 +106,19 @@ def redis_factory(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
     finally:
         for srv in started:
             srv.close()
+
+
+@pytest.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[Mosquitto]:
+    """A real mosquitto on a free loopback port (tests/support/mosquitto.py)."""
+
+    def start() -> Mosquitto:  # files and a process: off the loop
+        folder = tmp_path / "mosquitto"
+        folder.mkdir()
+        return Mosquitto(folder).start()
+
+    b = await asyncio.to_thread(start)
+    try:
+        yield b
+    finally:
+        await asyncio.to_thread(b.stop)

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import aiomqtt
 import cv2
 import numpy as np
 import orjson
@@ -38,7 +37,7 @@ from edge_vision.common.redis_client import driver_info_options
 from ..support.clients import camera_client
 from ..support.cluster import wait_until
 from ..support.images import Scene, text_scene
-from ..support.mosquitto import Mosquitto
+from ..support.mosquitto import Mosquitto, MqttListener
 from ..support.redis_server import RedisServer
 from ..support.scrape import metric, metrics_text
 from ..support.server import RunningServer, make_config, running_server
@@ -65,63 +64,6 @@ def overrides(rules: list[dict[str, Any]], **sinks: Any) -> dict[str, Any]:
 
 
 EVERY = [{"name": "each", "on": "every", "interval_s": 0}]
-
-
-class MqttListener:
-    """A subscriber of ``TOPIC/#`` with a persistent session (QoS 1): what it missed while
-    the broker was down is queued for it there."""
-
-    def __init__(self, broker: Mosquitto) -> None:
-        self.broker = broker
-        self.messages: list[tuple[str, dict[str, Any]]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def _listen(self) -> None:
-        while True:
-            try:
-                async with aiomqtt.Client(
-                    "127.0.0.1",
-                    self.broker.port,
-                    identifier="test-listener",
-                    clean_session=False,
-                    protocol=aiomqtt.ProtocolVersion.V311,
-                ) as client:
-                    await client.subscribe(f"{TOPIC}/#", qos=1)
-                    async for message in client.messages:
-                        payload = message.payload
-                        assert isinstance(payload, bytes | bytearray)
-                        self.messages.append((str(message.topic), orjson.loads(payload)))
-            except aiomqtt.MqttError:
-                await asyncio.sleep(0.1)  # the broker is down: try again
-
-    async def __aenter__(self) -> MqttListener:
-        self._task = asyncio.create_task(self._listen())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def wait_for(self, n: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.messages) < n:
-            assert time.monotonic() < deadline, f"{len(self.messages)} of {n} messages came"
-            await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def broker(tmp_path: Path) -> AsyncIterator[Mosquitto]:
-    def start() -> Mosquitto:  # files and a process: off the loop
-        folder = tmp_path / "mosquitto"
-        folder.mkdir()
-        return Mosquitto(folder).start()
-
-    b = await asyncio.to_thread(start)
-    try:
-        yield b
-    finally:
-        await asyncio.to_thread(b.stop)
 
 
 @pytest.fixture
@@ -188,7 +130,6 @@ async def test_one_event_reaches_the_websocket_mqtt_redis_and_a_signed_webhook(
         )
     )
     async with MqttListener(broker) as mqtt:
-        await asyncio.sleep(0.3)  # subscribed before the event fires
         (event,) = await stream_for_events(srv.ws_url, 3, events=1)
         await mqtt.wait_for(1, T(10))
         (hook,) = await receiver.wait_for(1, T(10))
@@ -212,7 +153,6 @@ async def test_a_broker_stopped_for_10_s_gets_every_event_once_in_order_when_bac
 ) -> None:
     srv = await server_factory(overrides(EVERY, mqtt={"url": broker.url}))
     async with MqttListener(broker) as mqtt:
-        await asyncio.sleep(0.3)  # the listener's session exists before the outage
         await asyncio.to_thread(broker.stop)
         stopped = time.monotonic()
         heard = await stream_for_events(srv.ws_url, 12)  # events fire while it is down

@@ -18,11 +18,9 @@ import itertools
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiomqtt
 import orjson
 import pytest
 import yaml
@@ -31,9 +29,9 @@ from redis import asyncio as aioredis
 from edge_vision.common.redis_client import driver_info_options
 from edge_vision.tools import replay
 
-from ..support.mosquitto import Mosquitto
+from ..support.mosquitto import Mosquitto, MqttListener
 from ..support.redis_server import RedisServer
-from ..support.server import free_port
+from ..support.server import RunningServer, free_port
 from ..support.timing import T
 from ..support.video import TextClip, write_text_clip
 
@@ -137,52 +135,22 @@ def test_the_rules_events_of_a_clip_are_written_with_the_videos_time(
     assert not {e["event_id"] for e in again} & {e["event_id"] for e in events}
 
 
-class Subscriber:
-    """An MQTT subscriber of ``edge-vision/events/#`` (QoS 1), listening before the replay."""
+async def test_against_a_running_server_the_same_events_come_from_its_results(
+    clip: TextClip, tmp_path: Path, server: RunningServer
+) -> None:
+    """``--url``: the rules run over the results the server sends back (the server has
+    none of its own here): the same events as in process."""
+    code, remote, summary = await asyncio.to_thread(
+        run_with_events, tmp_path, clip, RULES, "--url", server.ws_url, name="remote"
+    )
+    code2, local, _ = await asyncio.to_thread(run_with_events, tmp_path, clip, RULES)
+    assert code == code2 == 0 and summary["target"].startswith(server.ws_url)
 
-    def __init__(self, broker: Mosquitto) -> None:
-        self.broker = broker
-        self.messages: list[tuple[str, dict[str, Any]]] = []
-        self.ready = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+    def outline(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(e["rule"], e["frame_id"], e["ts"], e["track"]) for e in events]
 
-    async def _listen(self) -> None:
-        async with aiomqtt.Client("127.0.0.1", self.broker.port, identifier="replay-test") as c:
-            await c.subscribe("edge-vision/events/#", qos=1)
-            self.ready.set()
-            async for message in c.messages:
-                assert isinstance(message.payload, bytes | bytearray)
-                self.messages.append((str(message.topic), orjson.loads(message.payload)))
-
-    async def __aenter__(self) -> Subscriber:
-        self._task = asyncio.create_task(self._listen())
-        await asyncio.wait_for(self.ready.wait(), T(10))
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def wait_for(self, n: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.messages) < n:
-            assert time.monotonic() < deadline, f"{len(self.messages)} of {n} messages came"
-            await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def broker(tmp_path: Path) -> AsyncIterator[Mosquitto]:
-    def start() -> Mosquitto:
-        folder = tmp_path / "mosquitto"
-        folder.mkdir()
-        return Mosquitto(folder).start()
-
-    b = await asyncio.to_thread(start)
-    try:
-        yield b
-    finally:
-        await asyncio.to_thread(b.stop)
+    assert outline(remote) == outline(local) and remote
+    assert all(set(e) == FIELDS for e in remote)
 
 
 async def test_the_events_reach_a_redis_stream_and_mqtt_as_written(
@@ -192,7 +160,7 @@ async def test_the_events_reach_a_redis_stream_and_mqtt_as_written(
         **RULES,
         "sinks": {"redis": {"url": redis_server.url}, "mqtt": {"url": broker.url}},
     }
-    async with Subscriber(broker) as mqtt:
+    async with MqttListener(broker) as mqtt:
         code, events, summary = await asyncio.to_thread(run_with_events, tmp_path, clip, events_cfg)
         assert code == 0 and len(events) >= 6
         # Delivered before replay ended (it waits for the outboxes): all in the stream now.

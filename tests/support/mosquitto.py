@@ -1,15 +1,21 @@
 """A real mosquitto (Debian's, 2.0) for tests: a free loopback port, anonymous clients,
 persistence in the test's folder so a restart keeps the subscribers' sessions and the
-QoS 1 messages queued for them. ``stop()`` then ``start()`` is a broker outage."""
+QoS 1 messages queued for them. ``stop()`` then ``start()`` is a broker outage.
+:class:`MqttListener` subscribes to what a node's MQTT sink publishes."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import orjson
 
 from .server import free_port
 from .timing import T
@@ -67,3 +73,51 @@ class Mosquitto:
     def log(self) -> str:
         path = self.workdir / "mosquitto.log"
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+
+class MqttListener:
+    """A subscriber of ``topic/#`` with a persistent session (QoS 1), subscribed when
+    ``async with`` enters: what it misses while the broker is down is queued for it there,
+    and it reconnects by itself."""
+
+    def __init__(self, broker: Mosquitto, topic: str = "edge-vision/events") -> None:
+        self.broker = broker
+        self.topic = topic
+        self.messages: list[tuple[str, dict[str, Any]]] = []
+        self._subscribed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with aiomqtt.Client(
+                    "127.0.0.1",
+                    self.broker.port,
+                    identifier="test-listener",
+                    clean_session=False,
+                    protocol=aiomqtt.ProtocolVersion.V311,
+                ) as client:
+                    await client.subscribe(f"{self.topic}/#", qos=1)
+                    self._subscribed.set()
+                    async for message in client.messages:
+                        payload = message.payload
+                        assert isinstance(payload, bytes | bytearray)
+                        self.messages.append((str(message.topic), orjson.loads(payload)))
+            except aiomqtt.MqttError:
+                await asyncio.sleep(0.1)  # the broker is down: try again
+
+    async def __aenter__(self) -> MqttListener:
+        self._task = asyncio.create_task(self._listen())
+        await asyncio.wait_for(self._subscribed.wait(), T(10))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def wait_for(self, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.messages) < n:
+            assert time.monotonic() < deadline, f"{len(self.messages)} of {n} messages came"
+            await asyncio.sleep(0.05)
