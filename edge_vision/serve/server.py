@@ -395,7 +395,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
         )
         if fresh:
             session.use_secret(fresh)
-            keeper.touch(session)  # the store's hash too, at once
+            await keeper.write_now(session)  # the store's hash too, before reading on
         await conn.serve()
     except Exception as e:
         # A client gone while we wrote (ConnectionDone: its hello, say) is no failure.

@@ -182,6 +182,15 @@ class StateKeeper:
             self._dirty.add(session.id)
             self._wake.set()
 
+    async def write_now(self, session: Session) -> None:
+        """Write ``session`` to the store and wait for it: a protocol 3 resume's new token
+        hash is there before the connection reads on, so no other node takes the old token
+        or refuses the new one once the client has it. A store known to be down is not
+        waited for: the loop writes it when the store is back."""
+        self.touch(session)
+        if not self.degraded:
+            await self.flush(full=False)
+
     def close_session(self, session: Session, *, ended: bool) -> None:
         """``ended``: the client closed normally (1000), so the session is deleted;
         otherwise it stays resumable for ``state.session_ttl_s``."""
@@ -304,22 +313,23 @@ class StateKeeper:
         come along; after :data:`HANDOVER_WAIT_S` (the old node is dead, or its socket is
         half-open) resume from what the old node wrote at its last heartbeat."""
         deadline = time.monotonic() + min(HANDOVER_WAIT_S, self.cfg.heartbeat_s)
+        seen = stored  # the newest record read: the holder may rotate the token meanwhile
         while time.monotonic() < deadline:
             await asyncio.sleep(_HANDOVER_POLL_S)
             try:
                 rec = await self._op(self.store.get_session(stored.id))
             except STORE_ERRORS as e:
                 self._failed(e, write=False)
-                return stored
+                return seen
             if rec is None:
                 return None  # ended meanwhile
             try:
-                latest = Session.from_record(rec)
+                seen = Session.from_record(rec)
             except ValueError:
                 return stored
-            if not latest.connected or latest.epoch != stored.epoch:
-                return latest
-        return stored
+            if not seen.connected or seen.epoch != stored.epoch:
+                return seen
+        return seen
 
     # -- admin views ------------------------------------------------------------------
 
