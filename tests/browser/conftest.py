@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
-from ..support.browser import CHROMIUM, LoggedServerProcess, PageOpener, chromium_args
+from ..support.browser import CHROMIUM, PageOpener, chromium_args, ready_server
 from ..support.server import ServerProcess
 from ..support.y4m import write_y4m
 from .camera import CAMERA_FRAMES, camera_scene
@@ -35,12 +35,8 @@ def camera_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def page_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """``python -m edge_vision serve`` with the default model, serving the page at /."""
     log = tmp_path_factory.mktemp("server") / "server.log"
-    server = LoggedServerProcess(log_path=log).start()
-    try:
-        server.wait_ready_blocking()
+    with ready_server(log_path=log) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from ..support.browser import LoggedServerProcess, PageOpener, read_hud, wait_for_hud
+from ..support.browser import PageOpener, read_hud, ready_server, wait_for_hud
 from ..support.server import ServerProcess
 from ..support.timing import T
 
@@ -27,16 +27,10 @@ RULE = [{"name": "lot-in-lower", "on": "appear", "zone": "lower"}]
 @pytest.fixture(scope="module")
 def events_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("server") / "server.log"
-    server = LoggedServerProcess(
-        f"events.zones={json.dumps(ZONE)}",
-        f"events.rules={json.dumps(RULE)}",
-        log_path=log,
-    ).start()
-    try:
-        server.wait_ready_blocking()
+    with ready_server(
+        f"events.zones={json.dumps(ZONE)}", f"events.rules={json.dumps(RULE)}", log_path=log
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_the_page_lists_each_event_once_and_keeps_streaming(

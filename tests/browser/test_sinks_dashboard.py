@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from ..support.browser import LoggedServerProcess, PageOpener, wait_for_hud
+from ..support.browser import PageOpener, ready_server, wait_for_hud
 from ..support.redis_server import RedisServer
 from ..support.server import ServerProcess
 from ..support.timing import T
@@ -26,16 +26,12 @@ STREAM = "edge-vision:events"
 
 @pytest.fixture
 def sink_server(redis_server: RedisServer, tmp_path: Path) -> Iterator[ServerProcess]:
-    server = LoggedServerProcess(
+    with ready_server(
         f"events.rules={json.dumps(RULES)}",
         f"events.sinks={json.dumps({'redis': {'url': redis_server.url}})}",
         log_path=tmp_path / "server.log",
-    ).start()
-    try:
-        server.wait_ready_blocking()
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def cell(row: str, field: str) -> str:

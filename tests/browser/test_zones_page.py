@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from ..support.browser import LoggedServerProcess, PageOpener, wait_for_hud
+from ..support.browser import PageOpener, ready_server, wait_for_hud
 from ..support.server import ServerProcess
 from ..support.timing import T
 
@@ -56,16 +56,12 @@ _CANVAS_PIXEL = """([fx, fy]) => {
 @pytest.fixture(scope="module")
 def zones_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("server") / "server.log"
-    server = LoggedServerProcess(
+    with ready_server(
         f"events.zones={json.dumps(NODE_ZONES)}",
         f"events.lines={json.dumps(NODE_LINES)}",
         log_path=log,
-    ).start()
-    try:
-        server.wait_ready_blocking()
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def session_id(page: Page) -> str:

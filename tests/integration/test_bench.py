@@ -18,6 +18,7 @@ from edge_vision.common.aio import with_timeout
 from edge_vision.tools.bench.command import _ratios
 from edge_vision.tools.bench.load import CameraPlan, run_camera
 
+from ..support.lab import small_bench
 from ..support.timing import T
 
 
@@ -172,23 +173,6 @@ async def test_a_camera_against_a_server_that_stops_reading_reports_the_stall() 
     assert res.send_stalled and res.connect_error is None
     assert 0 < res.sent < 30 and res.answered == 0
     assert res.unanswered == res.sent  # reported, not silently lost
-
-
-def small_bench(
-    module: str, *args: str, json_out: Path | None, timeout: float
-) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """``python -m benchmarks.MODULE ARGS [--json JSON_OUT]``: the finished process
-    and, when it succeeded with ``json_out``, its report."""
-    extra = ("--json", str(json_out)) if json_out is not None else ()
-    proc = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", *args, *extra],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode == 0 and json_out is not None:
-        return proc, json.loads(json_out.read_text())
-    return proc, {}
 
 
 @pytest.mark.timeout(180)

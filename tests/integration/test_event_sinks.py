@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -37,6 +34,7 @@ from edge_vision.common.redis_client import driver_info_options
 from ..support.clients import camera_client
 from ..support.cluster import wait_until
 from ..support.images import Scene, text_scene
+from ..support.lab import small_bench
 from ..support.mosquitto import Mosquitto, MqttListener
 from ..support.redis_server import RedisServer
 from ..support.scrape import metric, metrics_text
@@ -276,18 +274,13 @@ def test_the_events_bench_times_the_rules_and_delivers_every_event(tmp_path: Pat
     """python -m benchmarks.events, tiny: the rules' cost with and without rules, and every
     event delivered to a real receiver with the outbox in memory and on disk (the bench
     waits for the last one, else it fails)."""
-    out = tmp_path / "events.json"
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.events", "--frames", "40", "--labels", "3"),
-            *("--events", "200", "--rounds", "1", "--json", str(out)),
-        ],
-        capture_output=True,
-        text=True,
+    proc, report = small_bench(
+        "events",
+        *("--frames", "40", "--labels", "3", "--events", "200", "--rounds", "1"),
+        json_out=tmp_path / "events.json",
         timeout=T(150),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    report = json.loads(out.read_text())
     assert [(r["labels"], r["rules"]) for r in report["rules"]] == [(3, 0), (3, 10)]
     assert all(r["median_ms"] > 0 for r in report["rules"])
     assert [r["outbox"] for r in report["delivery"]] == ["memory", "disk"]

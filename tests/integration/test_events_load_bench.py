@@ -5,12 +5,11 @@ medians' ratios written (docs/benchmarks.md quotes the full run)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from ..support.lab import small_bench
 from ..support.timing import T
 
 
@@ -19,14 +18,11 @@ def test_the_events_load_bench_alternates_servers_without_and_with_ten_rules(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "bench"
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.events_load", "--pairs", "1"),
-            *("--cameras", "1", "--fps", "2", "--duration", "3", "--resolution", "640x360"),
-            *("--out", str(out)),
-        ],
-        capture_output=True,
-        text=True,
+    proc, _ = small_bench(
+        "events_load",
+        *("--pairs", "1", "--cameras", "1", "--fps", "2", "--duration", "3"),
+        *("--resolution", "640x360", "--out", str(out)),
+        json_out=None,
         timeout=T(200),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -65,6 +65,18 @@ class LoggedServerProcess(ServerProcess):
             raise TimeoutError(f"{e}; process alive: {alive}; log:\n{self.log()}") from None
 
 
+@contextmanager
+def ready_server(*sets: str, log_path: Path) -> Iterator[ServerProcess]:
+    """A :class:`LoggedServerProcess` with the ``--set`` values ``sets``, ready (its
+    /readyz says so) for the ``with`` block, stopped after it."""
+    server = LoggedServerProcess(*sets, log_path=log_path).start()
+    try:
+        server.wait_ready_blocking()
+        yield server
+    finally:
+        server.stop()
+
+
 def wait_http_ok(url: str, timeout: float = 60) -> None:
     """Poll ``url`` until it answers 200 (a server's /readyz after warm-up)."""
     deadline = time.monotonic() + T(timeout)
