@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from edge_vision.tools.tune.search import Knob, Target, Trial, rank, search
+from edge_vision.tools.tune.search import Knob, Target, Trial, default_target, rank, search
 
 TARGET = Target(cameras=16, fps=30, p99_ms=50)
 KNOBS = [
@@ -92,3 +92,37 @@ def test_holding_the_load_beats_answering_more_and_then_cpu_decides() -> None:
     assert rank(a, TARGET) > rank(b, TARGET)
     assert rank(Trial({}, 0.9, 70.0), TARGET) > rank(Trial({}, 0.9, 90.0), TARGET)
     assert not Trial({}, 1.0, math.inf).holds(TARGET)
+
+
+def test_the_default_load_is_what_the_engine_holds_at_30_fps_within_50_ms() -> None:
+    # A GPU: 3,800 frames/s, a frame in 4 ms: 101 cameras (a fifth to spare), as stated.
+    target, notes = default_target(3800.0, 4.0)
+    assert target == Target(cameras=101, fps=30.0, p99_ms=50.0) and notes == []
+
+
+def test_on_an_engine_slower_than_one_camera_the_defaults_move_and_say_so() -> None:
+    # This repository's 2-core machine: 20 frames/s, one frame's p99 64 ms. At 30 fps and
+    # 50 ms nothing could hold; one camera at 15 fps within 130 ms can be measured.
+    target, notes = default_target(20.4, 64.1)
+    assert target == Target(cameras=1, fps=15.0, p99_ms=130.0)
+    assert len(notes) == 2 and "--fps" in notes[0] and "--p99-ms" in notes[1]
+    # Below 5 frames/s, whole frames a second.
+    assert default_target(4.0, 64.1)[0].fps == 3.0
+
+
+def test_what_the_user_gives_is_kept_even_where_it_cannot_hold() -> None:
+    target, notes = default_target(20.4, 64.1, cameras=2, fps=30.0, p99_ms=50.0)
+    assert target == Target(cameras=2, fps=30.0, p99_ms=50.0) and notes == []
+    # Given cameras only: the rate stays 30 (the search then says it cannot hold).
+    assert default_target(20.4, 64.1, cameras=1)[0].fps == 30.0
+    outcome = search(
+        Target(1, 30.0, 50.0),
+        START,
+        KNOBS,
+        Machine(),
+        600,
+        trial_cost_s=30,
+        clock=Machine().clock,
+        ceiling_fps=20.4,
+    )
+    assert outcome.best is None and "--fps 20 or less fits one" in outcome.stopped

@@ -46,8 +46,18 @@ def register_cli(sub: Any) -> None:
         help="cameras to serve (default: what the engine's measured ceiling holds at --fps, "
         "with a fifth to spare)",
     )
-    p.add_argument("--fps", type=float, default=30.0, help="frames a second per camera")
-    p.add_argument("--p99-ms", type=float, default=50.0, help="the latency every camera needs")
+    p.add_argument(
+        "--fps",
+        type=float,
+        help="frames a second per camera (default: 30, or the most one camera can have on an "
+        "engine slower than that)",
+    )
+    p.add_argument(
+        "--p99-ms",
+        type=float,
+        help="the latency every camera needs (default: 50, or two frames' time on an engine "
+        "whose own frame takes longer)",
+    )
     p.add_argument(
         "--budget-s", type=float, default=600.0, help="how long the whole search may take"
     )

@@ -28,7 +28,7 @@ from ..bench.command import load_run
 from ..bench.frames import encode_jpegs, generated_frames
 from ..bench.servers import ONE_ADDRESS_SETS, Server, free_port, machine, serve_argv
 from .knobs import current, knobs_for
-from .search import Knob, Outcome, Target, Trial, rank, search
+from .search import Knob, Outcome, Target, Trial, default_target, rank, search
 
 #: Seconds a server takes to start and warm up, guessed before the first trial is timed.
 FIRST_TRIAL_OVERHEAD_S = 15.0
@@ -44,10 +44,15 @@ def tune(args: argparse.Namespace) -> int:
     choice = engine_choice_of(config)
     print(f"engine: {choice['kind']} ({choice['reason']})", flush=True)
 
-    ceiling = _ceiling_fps(args, out_dir, width, height)
-    print(f"the engine alone: {ceiling:.0f} frames/s at {width}x{height}", flush=True)
-    cameras = args.cameras or max(1, int(0.8 * ceiling // args.fps))
-    target = Target(cameras, args.fps, args.p99_ms)
+    ceiling, frame_p99 = _ceiling(args, out_dir, width, height)
+    print(
+        f"the engine alone: {ceiling:.0f} frames/s at {width}x{height}, "
+        f"one frame's p99 {frame_p99:.0f} ms",
+        flush=True,
+    )
+    target, notes = default_target(ceiling, frame_p99, args.cameras, args.fps, args.p99_ms)
+    for note in notes:
+        print(note, flush=True)
     print(
         f"load: {target.cameras} cameras x {target.fps:g} fps, p99 <= {target.p99_ms:g} ms; "
         f"budget {args.budget_s:.0f} s, {args.trial_s:g} s a trial",
@@ -110,10 +115,10 @@ def _server_args(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _ceiling_fps(args: argparse.Namespace, out: Path, width: int, height: int) -> float:
-    """The engine's best frames a second at its largest batch, measured by ``edge-vision
-    bench --engine-only`` in a process of its own (a GPU engine's memory and context must
-    not stay in this one while the trials run)."""
+def _ceiling(args: argparse.Namespace, out: Path, width: int, height: int) -> tuple[float, float]:
+    """The engine's best frames a second (at any batch) and its p99 for a batch of one
+    frame (ms), measured by ``edge-vision bench --engine-only`` in a process of its own (a
+    GPU engine's memory and context must not stay in this one while the trials run)."""
     argv = [sys.executable, "-m", "edge_vision", "bench", "--engine-only", *_server_args(args)]
     argv += ["--resolution", f"{width}x{height}", "--engine-seconds", "2"]
     argv += ["--out", str(out / "ceiling"), "--no-plots"]
@@ -123,7 +128,11 @@ def _ceiling_fps(args: argparse.Namespace, out: Path, width: int, height: int) -
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise EdgeVisionError(f"could not measure the engine alone: {tail[0]}")
     rows = json.loads(results.read_text())["engine_only"]["rows"]
-    return max(float(row["pipelined"]["frames_per_s"]) for row in rows)
+    one = min(rows, key=lambda row: int(row["batch"]))
+    return (
+        max(float(row["pipelined"]["frames_per_s"]) for row in rows),
+        float(one["serial"]["batch_ms"]["p99"]),
+    )
 
 
 class LiveTrial:

@@ -36,6 +36,53 @@ class Target:
         return self.cameras * self.fps
 
 
+#: The load ``tune`` fits when none is given: cameras at this rate...
+DEFAULT_FPS = 30.0
+#: ...each frame answered within this (unless the engine's own frame takes too long).
+DEFAULT_P99_MS = 50.0
+#: The share of the engine's ceiling a default load may ask (a fifth to spare).
+HEADROOM = 0.8
+
+
+def default_target(
+    ceiling_fps: float,
+    frame_p99_ms: float,
+    cameras: int | None = None,
+    fps: float | None = None,
+    p99_ms: float | None = None,
+) -> tuple[Target, list[str]]:
+    """The load to tune for, from what the user gave (None: not given) and the engine's
+    measured ceiling (frames a second at its best batch) and its p99 for one frame; with
+    a line for each default that had to move for this machine.
+
+    Defaults: as many cameras at :data:`DEFAULT_FPS` as :data:`HEADROOM` of the ceiling
+    holds, each within :data:`DEFAULT_P99_MS`. Where one camera at 30 fps is already more
+    than that (a small CPU), one camera at the largest round rate that fits; where the
+    engine's own frame is slower than half the p99 (a frame may wait one turn behind
+    another camera's), twice the engine's frame p99. A value the user gave is kept as
+    given: the search then says at once if the engine cannot serve it."""
+    notes: list[str] = []
+    budget = HEADROOM * ceiling_fps
+    rate = DEFAULT_FPS if fps is None else fps
+    if fps is None and cameras is None and budget < DEFAULT_FPS:
+        rate = float(max(1, math.floor(budget / 5) * 5 if budget >= 5 else math.floor(budget)))
+        notes.append(
+            f"one camera at {DEFAULT_FPS:g} fps is more than {HEADROOM:.0%} of what this "
+            f"engine serves ({ceiling_fps:.0f} frames/s): tuning for {rate:g} fps "
+            "(--fps chooses)"
+        )
+    count = cameras if cameras is not None else max(1, int(budget // rate))
+    p99 = DEFAULT_P99_MS if p99_ms is None else p99_ms
+    if p99_ms is None and 2 * frame_p99_ms > DEFAULT_P99_MS:
+        p99 = float(math.ceil(2 * frame_p99_ms / 10) * 10)
+        notes.append(
+            f"this engine's own frame takes up to {frame_p99_ms:.0f} ms (p99), so a p99 of "
+            f"{DEFAULT_P99_MS:g} ms cannot hold: tuning for {p99:g} ms, two frames' time "
+            "(--p99-ms chooses)"
+        )
+    return Target(count, rate, p99), notes
+
+
 @dataclass(frozen=True, slots=True)
 class Knob:
     """A setting worth searching: its dotted config key, the values to try, and why."""
@@ -99,11 +146,16 @@ def search(
     measured; ``on_trial(trial, best)``: called after each trial (progress, reports)."""
     if ceiling_fps is not None and target.frames_per_s > ceiling_fps:
         held = int(ceiling_fps // target.fps) if target.fps > 0 else 0
+        fits = (
+            f"at most about {held} cameras at {target.fps:g} fps here"
+            if held
+            else f"not one camera at {target.fps:g} fps: --fps {max(1, int(ceiling_fps))} "
+            "or less fits one"
+        )
         return Outcome(
             None,
             stopped=f"the engine alone serves {ceiling_fps:.0f} frames/s and the load asks "
-            f"{target.frames_per_s:.0f}: no setting can hold it (at most about {held} "
-            f"cameras at {target.fps:g} fps here)",
+            f"{target.frames_per_s:.0f}: no setting can hold it ({fits})",
         )
     began = clock()
     outcome = Outcome(None)
