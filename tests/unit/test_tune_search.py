@@ -101,28 +101,32 @@ def test_the_default_load_is_what_the_engine_holds_at_30_fps_within_50_ms() -> N
 
 
 def test_on_an_engine_slower_than_one_camera_the_defaults_move_and_say_so() -> None:
-    # This repository's 2-core machine: 20 frames/s, one frame's p99 64 ms. At 30 fps and
-    # 50 ms nothing could hold; one camera at 15 fps within 130 ms can be measured.
-    target, notes = default_target(20.4, 64.1)
-    assert target == Target(cameras=1, fps=15.0, p99_ms=130.0)
-    assert len(notes) == 2 and "--fps" in notes[0] and "--p99-ms" in notes[1]
+    # This repository's 2-core machine: 18-23 frames/s from run to run, a frame in ~50 ms.
+    # At 30 fps and 50 ms nothing could hold; one camera at 10 fps within 150 ms can be
+    # measured, and the ceiling's spread does not change that.
+    for ceiling in (18.0, 20.4, 23.0):
+        target, notes = default_target(ceiling, 49.6)
+        assert target == Target(cameras=1, fps=10.0, p99_ms=150.0), ceiling
+        assert len(notes) == 2 and "--fps" in notes[0] and "--p99-ms" in notes[1]
     # Below 5 frames/s, whole frames a second.
-    assert default_target(4.0, 64.1)[0].fps == 3.0
+    assert default_target(6.0, 160.0)[0] == Target(cameras=1, fps=3.0, p99_ms=480.0)
 
 
 def test_what_the_user_gives_is_kept_even_where_it_cannot_hold() -> None:
-    target, notes = default_target(20.4, 64.1, cameras=2, fps=30.0, p99_ms=50.0)
+    target, notes = default_target(20.4, 49.6, cameras=2, fps=30.0, p99_ms=50.0)
     assert target == Target(cameras=2, fps=30.0, p99_ms=50.0) and notes == []
     # Given cameras only: the rate stays 30 (the search then says it cannot hold).
-    assert default_target(20.4, 64.1, cameras=1)[0].fps == 30.0
+    assert default_target(20.4, 49.6, cameras=1)[0].fps == 30.0
+    machine = Machine()
     outcome = search(
         Target(1, 30.0, 50.0),
         START,
         KNOBS,
-        Machine(),
+        machine,
         600,
         trial_cost_s=30,
-        clock=Machine().clock,
+        clock=machine.clock,
         ceiling_fps=20.4,
     )
     assert outcome.best is None and "--fps 20 or less fits one" in outcome.stopped
+    assert machine.calls == []  # nothing measured

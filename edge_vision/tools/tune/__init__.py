@@ -55,8 +55,8 @@ def register_cli(sub: Any) -> None:
     p.add_argument(
         "--p99-ms",
         type=float,
-        help="the latency every camera needs (default: 50, or two frames' time on an engine "
-        "whose own frame takes longer)",
+        help="the latency every camera needs (default: 50, or three frames' time on an engine "
+        "whose own frame takes longer than a third of that)",
     )
     p.add_argument(
         "--budget-s", type=float, default=600.0, help="how long the whole search may take"

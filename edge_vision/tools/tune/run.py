@@ -44,13 +44,13 @@ def tune(args: argparse.Namespace) -> int:
     choice = engine_choice_of(config)
     print(f"engine: {choice['kind']} ({choice['reason']})", flush=True)
 
-    ceiling, frame_p99 = _ceiling(args, out_dir, width, height)
+    ceiling, frame_ms = _ceiling(args, out_dir, width, height)
     print(
         f"the engine alone: {ceiling:.0f} frames/s at {width}x{height}, "
-        f"one frame's p99 {frame_p99:.0f} ms",
+        f"one frame in {frame_ms:.0f} ms",
         flush=True,
     )
-    target, notes = default_target(ceiling, frame_p99, args.cameras, args.fps, args.p99_ms)
+    target, notes = default_target(ceiling, frame_ms, args.cameras, args.fps, args.p99_ms)
     for note in notes:
         print(note, flush=True)
     print(
@@ -116,8 +116,8 @@ def _server_args(args: argparse.Namespace) -> list[str]:
 
 
 def _ceiling(args: argparse.Namespace, out: Path, width: int, height: int) -> tuple[float, float]:
-    """The engine's best frames a second (at any batch) and its p99 for a batch of one
-    frame (ms), measured by ``edge-vision bench --engine-only`` in a process of its own (a
+    """The engine's best frames a second (at any batch) and its median time for a batch of
+    one frame (ms), measured by ``edge-vision bench --engine-only`` in a process of its own (a
     GPU engine's memory and context must not stay in this one while the trials run)."""
     argv = [sys.executable, "-m", "edge_vision", "bench", "--engine-only", *_server_args(args)]
     argv += ["--resolution", f"{width}x{height}", "--engine-seconds", "2"]
@@ -131,7 +131,7 @@ def _ceiling(args: argparse.Namespace, out: Path, width: int, height: int) -> tu
     one = min(rows, key=lambda row: int(row["batch"]))
     return (
         max(float(row["pipelined"]["frames_per_s"]) for row in rows),
-        float(one["serial"]["batch_ms"]["p99"]),
+        float(one["serial"]["batch_ms"]["p50"]),
     )
 
 
