@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiomqtt
 import orjson
 
 from .server import free_port
@@ -88,6 +87,10 @@ class MqttListener:
         self._task: asyncio.Task[None] | None = None
 
     async def _listen(self) -> None:
+        # Here, not at the top: conftest imports this module, and the Python 3.10 smoke
+        # run's unit tests have no aiomqtt (the test extra's, not the package's).
+        import aiomqtt
+
         while True:
             try:
                 async with aiomqtt.Client(
