@@ -1,12 +1,14 @@
 """``python -m benchmarks.events_load``, tiny: one pair of camera-load runs against real
 servers, one without rules and one with the ten rules, each run's figures and the
-medians' ratios written (docs/benchmarks.md quotes the full run)."""
+medians' ratios written, and the tail pooled over every frame (docs/benchmarks.md quotes
+the full run)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ..support.lab import small_bench
@@ -39,6 +41,15 @@ def test_the_events_load_bench_alternates_servers_without_and_with_ten_rules(
     assert set(report["compare"]) >= {"answered_per_s", "p50_ms", "p95_ms", "server_cpu_s_per_1000"}
     for c in report["compare"].values():
         assert c["ratio"] == pytest.approx(c["median_with"] / c["median_without"], rel=1e-3)
+    # Every answered frame's latency kept by run, and the tail judged on them pooled.
+    each = json.loads((out / "latencies.json").read_text())
+    assert sorted(each) == ["01-without", "02-with"]
+    assert [len(each[k]) for k in sorted(each)] == [r["answered"] for r in runs]
+    pooled = report["compare"]["pooled_p99_ms"]
+    assert pooled["median_with"] == pytest.approx(
+        float(np.percentile(each["02-with"], 99)), abs=0.01
+    )
+    assert "_latencies" not in runs[0]
     assert isinstance(report["within_tolerance"], bool)
     assert report["loadavg_start"] and report["loadavg_end"]
     assert "medians" in proc.stdout and "loadavg: start" in proc.stdout
