@@ -22,9 +22,11 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future
+from functools import partial
 from typing import Any
 
 from ..common.buffers import Allocator
+from ..common.threads import role_pool
 from ..engines import Engine
 from ..errors import ClientError
 from ..frames.decode_batch import (
@@ -56,10 +58,19 @@ class RoutedDecoder:
         host: HostBatchDecoder,
         host_pool: Executor,
         host_threads: int,
+        *,
+        only_first: bool = False,
     ) -> None:
         self.devices = dict(devices)
         self.host = host
         self._pool = host_pool
+        # decode.gpu_routes hw: the first device route (the hardware engine) takes every
+        # frame; the others stay unused.
+        self._only_first = only_first
+        # The routes after the first run beside it, each on a thread of its own, so the
+        # hardware engine's frames never wait behind the CUDA decoder's (its Huffman stage
+        # is host work) or the host's.
+        self._side = {r: role_pool(1, f"gpu-decode-{r}") for r in list(self.devices)[1:]}
         self.meters = {r: RateMeter(PRIOR_RATES[r]) for r in self.devices}
         self.meters["host"] = RateMeter(PRIOR_RATES["host_per_thread"] * max(1, host_threads))
         # One host decoder is never done with a frame sooner than one core decodes it.
@@ -89,7 +100,10 @@ class RoutedDecoder:
     def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[Outcome]:
         n = len(requests)
         with self._lock:
-            split = split_batch(n, loads_of(self._queued, self.meters, self._floors))
+            if self._only_first:
+                split = {next(iter(self.devices)): n}
+            else:
+                split = split_batch(n, loads_of(self._queued, self.meters, self._floors))
             for r, k in split.items():
                 self._queued[r] += k
             self._say_routes()
@@ -103,10 +117,21 @@ class RoutedDecoder:
             if routes[i] == "host"
         ]
         try:
+            side = []
+            first = None
             for route, decoder in self.devices.items():
                 idx = [i for i in range(n) if routes[i] == route]
-                if idx:
-                    self._device_call(route, decoder, requests, idx, out)
+                if not idx:
+                    continue
+                if route in self._side:
+                    call = partial(self._device_call, route, decoder, requests, idx, out)
+                    side.append(self._side[route].submit(call))
+                else:
+                    first = (route, decoder, idx)
+            if first is not None:
+                self._device_call(first[0], first[1], requests, first[2], out)
+            for fut in side:
+                fut.result()
             self._host_results(host, out, t0)
         finally:
             with self._lock:
@@ -195,6 +220,17 @@ class GpuSidePipeline(FramePipeline):
         else:  # torchvision's nvJPEG: the CUDA route alone
             devices["cuda"] = first
         host_threads = worker_count(d.workers)
-        routed = RoutedDecoder(devices, self.host_decoder, self.executor, host_threads)
-        log.info("GPU process decode routes: %s", ", ".join(routed.meters))
+        routed = RoutedDecoder(
+            devices,
+            self.host_decoder,
+            self.executor,
+            host_threads,
+            only_first=d.gpu_routes == "hw",
+        )
+        log.info(
+            "GPU process decode routes: %s",
+            next(iter(devices)) + " alone (decode.gpu_routes hw)"
+            if d.gpu_routes == "hw"
+            else ", ".join(routed.meters),
+        )
         return routed

@@ -4,6 +4,7 @@ decoder that carries it out (device decoders stood in for by recording fakes).""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -131,3 +132,51 @@ def test_the_routed_decoder_splits_by_queue_and_answers_every_frame_in_order() -
     assert isinstance(out[6], ClientError) and out[6].code == "bad_image"
     assert hw.calls == [8] and cuda.calls == []
     assert routed.frames == {"hw": 8, "host": 7}
+
+
+def no_host(r: DecodeRequest) -> Prepared:
+    raise AssertionError("no frame should reach the host here")
+
+
+class WaitingDevice(FakeDevice):
+    """A device route whose call waits (up to 5 s) for ``other``'s call to have started:
+    it answers only once both run at the same time."""
+
+    def __init__(self, name: str, started: threading.Event, other: threading.Event) -> None:
+        super().__init__(name)
+        self.started, self.other, self.saw_other = started, other, False
+
+    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[Outcome]:
+        self.started.set()
+        self.saw_other = self.other.wait(5.0)
+        return super().decode_batch(requests)
+
+
+def test_the_hardware_engine_does_not_wait_behind_the_cuda_decoder() -> None:
+    # Each route's frames are decoded beside the others' (the CUDA decoder's Huffman stage
+    # is host work): the hardware engine's call and the CUDA decoder's run at once.
+    hw_started, cuda_started = threading.Event(), threading.Event()
+    hw = WaitingDevice("hw", hw_started, cuda_started)
+    cuda = WaitingDevice("cuda", cuda_started, hw_started)
+    good = text_scene(64, 48).jpeg()
+    with ThreadPoolExecutor(2) as pool:
+        routed = RoutedDecoder({"hw": hw, "cuda": cuda}, HostBatchDecoder(no_host, 0), pool, 2)
+        routed._queued.update(hw=160)  # the engine nearly backed up: some frames spill
+        routed.meters["hw"].rate, routed.meters["cuda"].rate = HW, CUDA
+        routed.meters["host"].rate = 1e-9  # and none to the host
+        out = routed.decode_batch([request(good)] * 8)
+    assert hw.calls and cuda.calls and sum(hw.calls) + sum(cuda.calls) == 8
+    assert hw.saw_other and cuda.saw_other
+    assert all(isinstance(o, Prepared) for o in out)
+
+
+def test_decode_gpu_routes_hw_gives_the_hardware_engine_every_frame() -> None:
+    hw, cuda = FakeDevice("hw"), FakeDevice("cuda")
+    good = text_scene(64, 48).jpeg()
+    with ThreadPoolExecutor(2) as pool:
+        routed = RoutedDecoder(
+            {"hw": hw, "cuda": cuda}, HostBatchDecoder(no_host, 0), pool, 2, only_first=True
+        )
+        routed._queued.update(hw=4000)  # however backed up it is
+        routed.decode_batch([request(good)] * 8)
+    assert hw.calls == [8] and cuda.calls == [] and routed.frames == {"hw": 8}
