@@ -22,8 +22,13 @@ device, decoded by libjpeg-turbo: the same code the device runs, not the device'
 figures. Run::
 
     python -m benchmarks.device_decode [--batches 1 2 3 4 8 16] [--seconds 1.5]
-        [--libraries nvimgcodec torchvision] [--cpu-threads 1 2] [--device cuda:0]
-        [--json out.json]
+        [--libraries nvimgcodec torchvision] [--cpu-threads 1 2] [--backends hw+cuda hw cuda]
+        [--device cuda:0] [--json out.json]
+
+``--backends`` makes one nvImageCodec decoder of each: ``hw+cuda`` as a worker has, ``hw``
+and ``cuda`` as the GPU process's two routes have. Each run also says how many batches the
+library refused and how many frames went to libjpeg-turbo for it (``refused_batches``,
+``host_frames``): a decoder that refuses its frames measures the host, not the GPU.
 """
 
 from __future__ import annotations
@@ -162,6 +167,13 @@ def main(argv: list[str] | None = None) -> None:
         default=[1, 2],
         help="nvImageCodec's host threads a decoder (the service gives 1 on 16 cores, 12 workers)",
     )
+    ap.add_argument(
+        "--backends",
+        nargs="+",
+        default=["hw+cuda"],
+        help="nvImageCodec's backends a decoder: hw+cuda (a worker's), hw and cuda (the GPU "
+        "process's two routes, gpu_process/decoders.py)",
+    )
     ap.add_argument("--device", default=None, help="cuda:0 when torch sees a GPU, else cpu")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args(argv)
@@ -179,27 +191,45 @@ def main(argv: list[str] | None = None) -> None:
         "frame": "1280x720 JPEG of the load bench's clip, letterboxed to 640x352",
         "runs": {},
     }
-    variants: list[tuple[str, str, int]] = []
+    variants: list[tuple[str, str, int, tuple[str, ...]]] = []
     if cuda:
         for lib in args.libraries:
             threads = args.cpu_threads if lib == "nvimgcodec" else [args.cpu_threads[0]]
-            variants += [
-                (f"{lib} cpu_threads={n}" if lib == "nvimgcodec" else lib, lib, n) for n in threads
-            ]
+            for n in threads:
+                if lib != "nvimgcodec":
+                    variants.append((lib, lib, n, ("hw", "cuda")))
+                    continue
+                for b in args.backends:
+                    backends = tuple(b.split("+"))
+                    variants.append((f"{lib} {b} cpu_threads={n}", lib, n, backends))
     else:
-        variants.append(("torch cpu letterbox (libjpeg-turbo decode)", "torchvision", 1))
-    for name, lib, n in variants:
+        variants.append(("torch cpu letterbox (libjpeg-turbo decode)", "torchvision", 1, ()))
+    for name, lib, n, backends in variants:
         try:
-            dec = CudaBatchDecoder(host, device=device, library=lib, cpu_threads=n, streams=2)
+            dec = CudaBatchDecoder(
+                host,
+                device=device,
+                library=lib,
+                cpu_threads=n,
+                streams=2,
+                backends=backends or ("hw", "cuda"),
+            )
         except Exception as e:  # noqa: BLE001 - a library missing here: said, not fatal
             result["runs"][name] = {"error": repr(e)}
             print(f"{name}: {e!r}")
             continue
         rows = measure_library(dec, jpegs, plan, args.batches, args.seconds, not cuda)
+        # Frames the GPU library refused went to libjpeg-turbo: then the figures are the
+        # host's, not the GPU decoder's (the GPU process's hw route on 2026-12-07).
+        rows["refused_batches"] = dec.refusals
+        rows["host_frames"] = dec.host_frames
         result["runs"][name] = rows
         print(f"== {name}")
         print(f"{'batch':>5} {'stage':<13} {'wall ms':>8} {'driver CPU':>10} {'other CPU':>9}")
         for b, row in rows.items():
+            if not isinstance(row, dict):
+                print(f"{b}: {row}")
+                continue
             for stage, r in row.items():
                 print(
                     f"{b:>5} {stage:<13} {r['wall_ms']:8.3f} {r['driver_cpu_ms']:10.3f} "

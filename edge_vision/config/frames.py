@@ -35,15 +35,6 @@ class DecodeConfig(_Section):
         "nvidia-nvimgcodec-tegra-cu12 on a Jetson), torchvision (nvJPEG's batched decode, "
         "whose Huffman stage runs on the host CPU), or auto (nvimgcodec when installed).",
     )
-    gpu_routes: Literal["auto", "hw"] = Field(
-        "auto",
-        description="Where the GPU process (server.gpu_process) decodes: auto splits each "
-        "batch between the GPU's hardware JPEG engine, its CUDA decoder and host threads "
-        "from their measured queues and rates (the engine first; the others take what it "
-        "would not reach within a frame interval); hw gives every frame to the hardware "
-        "JPEG engine (the CUDA decoder where the GPU has none) and lets the overflow wait "
-        "for it. Touch it only to compare the two on your GPU (docs/gpu.md).",
-    )
     device_batch: int = Field(
         64, ge=1, le=256, description="Most frames in one device decode call (decode.device)."
     )

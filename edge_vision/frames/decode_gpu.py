@@ -210,6 +210,8 @@ class CudaBatchDecoder:
         self.device_frames = 0  # frames decoded on the GPU (tests and logs read these)
         self.host_frames = 0
         self.batch_failures = 0  # batched calls that failed whole and were retried
+        self.refusals = 0  # batches with frames the GPU decoder refused (to the host)
+        self.backends = tuple(backends)
         # (event, decoded images) of batches whose letterbox may still be queued (_ready)
         self._reading: collections.deque[tuple[Any, list[Any]]] = collections.deque()
         if self.nvimgcodec is not None:
@@ -321,6 +323,24 @@ class CudaBatchDecoder:
             while self._reading and self._reading[0][0].query():
                 self._reading.popleft()
 
+    def _say_refused(self, frames: int, error: Any) -> None:
+        """Frames the GPU decoder refused go to the host decoder in this thread, one by
+        one: said at WARNING the first time (with the library's reason) and counted in
+        ``host_frames`` after, since a decoder that refuses every frame makes its route
+        a slow host path (the GPU process on an H100, 2026-12-07: docs/benchmarks.md)."""
+        with self._lock:
+            first = self.refusals == 0
+            self.refusals += 1
+        if first:
+            log.warning(
+                "%s (%s) refused %d frame(s) of a batch (%s); they are decoded on the host, "
+                "and later refusals are counted, not logged",
+                self.library,
+                "+".join(self.backends),
+                frames,
+                error,
+            )
+
     def _retry_alone(
         self, datas: Sequence[Any], stream: Any, decode: Callable[[Sequence[Any], Any], list[Any]]
     ) -> list[Any]:
@@ -388,11 +408,7 @@ class CudaBatchDecoder:
                 for i, p in zip(to_device, pixels, strict=True):
                     (refused.append(i) if isinstance(p, Exception) else ok.append((i, p)))
                 if refused:
-                    log.debug(
-                        "%s refused %d frame(s); decoding them on the host",
-                        self.library,
-                        len(refused),
-                    )
+                    self._say_refused(len(refused), pixels[to_device.index(refused[0])])
                 to_host += refused
                 t1 = time.perf_counter()
                 plans = [requests[i].letterbox for i, _ in ok]

@@ -58,15 +58,10 @@ class RoutedDecoder:
         host: HostBatchDecoder,
         host_pool: Executor,
         host_threads: int,
-        *,
-        only_first: bool = False,
     ) -> None:
         self.devices = dict(devices)
         self.host = host
         self._pool = host_pool
-        # decode.gpu_routes hw: the first device route (the hardware engine) takes every
-        # frame; the others stay unused.
-        self._only_first = only_first
         # The routes after the first run beside it, each on a thread of its own, so the
         # hardware engine's frames never wait behind the CUDA decoder's (its Huffman stage
         # is host work) or the host's.
@@ -100,10 +95,7 @@ class RoutedDecoder:
     def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[Outcome]:
         n = len(requests)
         with self._lock:
-            if self._only_first:
-                split = {next(iter(self.devices)): n}
-            else:
-                split = split_batch(n, loads_of(self._queued, self.meters, self._floors))
+            split = split_batch(n, loads_of(self._queued, self.meters, self._floors))
             for r, k in split.items():
                 self._queued[r] += k
             self._say_routes()
@@ -148,9 +140,16 @@ class RoutedDecoder:
         log.info(
             "decode routes so far: %s",
             ", ".join(
-                f"{r} {self.frames[r]} frames at {m.rate:.0f}/s" for r, m in self.meters.items()
+                f"{r} {self.frames[r]} frames at {m.rate:.0f}/s{self._fell_back(r)}"
+                for r, m in self.meters.items()
             ),
         )
+
+    def _fell_back(self, route: str) -> str:
+        """`` (N of them on the host: the GPU decoder refused them)`` for a device route
+        whose decoder sent frames to the host decoder instead."""
+        host = int(getattr(self.devices.get(route), "host_frames", 0) or 0)
+        return f" ({host} of them on the host: refused)" if host else ""
 
     def _device_call(
         self,
@@ -220,17 +219,6 @@ class GpuSidePipeline(FramePipeline):
         else:  # torchvision's nvJPEG: the CUDA route alone
             devices["cuda"] = first
         host_threads = worker_count(d.workers)
-        routed = RoutedDecoder(
-            devices,
-            self.host_decoder,
-            self.executor,
-            host_threads,
-            only_first=d.gpu_routes == "hw",
-        )
-        log.info(
-            "GPU process decode routes: %s",
-            next(iter(devices)) + " alone (decode.gpu_routes hw)"
-            if d.gpu_routes == "hw"
-            else ", ".join(routed.meters),
-        )
+        routed = RoutedDecoder(devices, self.host_decoder, self.executor, host_threads)
+        log.info("GPU process decode routes: %s", ", ".join(routed.meters))
         return routed

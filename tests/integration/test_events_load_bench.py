@@ -41,7 +41,14 @@ def test_the_events_load_bench_alternates_servers_without_and_with_ten_rules(
     assert set(report["compare"]) >= {"answered_per_s", "p50_ms", "p95_ms", "server_cpu_s_per_1000"}
     for c in report["compare"].values():
         assert c["ratio"] == pytest.approx(c["median_with"] / c["median_without"], rel=1e-3)
-    # Every answered frame's latency kept by run, and the tail judged on them pooled.
+    # The cameras heard the rules' events by rule, only where there were rules; a 3-s run
+    # is too short for every rule (dwell 5 s), and the verdict says which stayed silent.
+    assert runs[0]["events_by_rule"] == {} and runs[1]["events_by_rule"]
+    assert sum(runs[1]["events_by_rule"].values()) <= runs[1]["events_raised"]
+    assert set(runs[1]["events_by_rule"]) | set(report["rules_silent_in_a_run"]) >= {"d2"}
+    assert report["every_rule_fired"] is (not report["rules_silent_in_a_run"])
+    assert "d2" in report["rules_silent_in_a_run"] and report["within_tolerance"] is False
+    # Every answered frame's latency kept by run, and the tail pooled over them.
     each = json.loads((out / "latencies.json").read_text())
     assert sorted(each) == ["01-without", "02-with"]
     assert [len(each[k]) for k in sorted(each)] == [r["answered"] for r in runs]

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import io
 import json
+import logging
 import struct
 import time
 import types
@@ -183,6 +184,33 @@ def test_mock_device_decoder_one_corrupt_jpeg_in_a_batch_fails_only_its_own_fram
         assert np.abs(canvas.astype(int) - host.canvas.astype(int)).mean() < 2
         assert got.letterbox == host.letterbox
     assert (dec.device_frames, dec.host_frames) == (3, 1)
+
+
+class _RefusingNvjpeg(_StandInNvjpeg):
+    """A GPU decoder that cannot decode anything here (as a decoder nvImageCodec could
+    not create): every call fails."""
+
+    def _nvjpeg(self, datas: list[Any]) -> list[Any]:
+        raise RuntimeError("Could not create decoder. Code: 7")
+
+
+def test_mock_a_device_decoder_that_refuses_every_frame_says_so_once_and_counts_the_rest(
+    spec: ModelSpec, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its frames are still answered (by the host decoder), but a route that sends every
+    # frame the host way must not look like a GPU route in the logs.
+    pytest.importorskip("torch", reason="the device decoder's control flow runs on torch")
+    cfg = make_config({"engine": {"kind": "onnxruntime"}})
+    pipeline = FramePipeline(cfg, InferenceService(spec, cfg))
+    dec = _RefusingNvjpeg(pipeline.host_decoder, device="cpu")
+    good = [text_scene(320, 180, seed=s).jpeg() for s in range(3)]
+    with caplog.at_level(logging.WARNING, logger="edge_vision.frames.decode_gpu"):
+        for _ in range(2):
+            out = dec.decode_batch([_request(pipeline, d) for d in good])
+            assert all(isinstance(o, Prepared) and not o.on_device for o in out)
+    said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(said) == 1 and "Could not create decoder" in said[0], said
+    assert dec.refusals == 2 and (dec.device_frames, dec.host_frames) == (0, 6)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ decoder that carries it out (device decoders stood in for by recording fakes).""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -170,13 +171,18 @@ def test_the_hardware_engine_does_not_wait_behind_the_cuda_decoder() -> None:
     assert all(isinstance(o, Prepared) for o in out)
 
 
-def test_decode_gpu_routes_hw_gives_the_hardware_engine_every_frame() -> None:
-    hw, cuda = FakeDevice("hw"), FakeDevice("cuda")
+def test_the_routes_log_says_how_many_of_a_routes_frames_the_host_decoded(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A GPU decoder that refuses frames sends them to the host decoder in its own thread:
+    # the route's line says so, or a refusing hardware engine reads as a slow one.
+    hw = FakeDevice("hw")
+    hw.host_frames = 5  # type: ignore[attr-defined]
+    monkeypatch.setattr("edge_vision.gpu_process.decoders.ROUTES_LOG_S", 0.0)
     good = text_scene(64, 48).jpeg()
-    with ThreadPoolExecutor(2) as pool:
-        routed = RoutedDecoder(
-            {"hw": hw, "cuda": cuda}, HostBatchDecoder(no_host, 0), pool, 2, only_first=True
-        )
-        routed._queued.update(hw=4000)  # however backed up it is
-        routed.decode_batch([request(good)] * 8)
-    assert hw.calls == [8] and cuda.calls == [] and routed.frames == {"hw": 8}
+    with ThreadPoolExecutor(2) as pool, caplog.at_level(logging.INFO):
+        routed = RoutedDecoder({"hw": hw}, HostBatchDecoder(no_host, 0), pool, 2)
+        routed.decode_batch([request(good)] * 2)
+        routed.decode_batch([request(good)] * 2)
+    said = [r.getMessage() for r in caplog.records if "decode routes so far" in r.getMessage()]
+    assert said and "hw 2 frames" in said[0] and "(5 of them on the host: refused)" in said[0]

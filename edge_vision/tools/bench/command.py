@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -236,6 +237,9 @@ def load_run(
         "errors": sum(r.errors for r in results),
         "unanswered": sum(r.unanswered for r in results),
         "duplicates": sum(r.duplicates for r in results),
+        "events_by_rule": dict(
+            sum((collections.Counter(r.events_by_rule) for r in results), collections.Counter())
+        ),
         "connect_errors": [r.connect_error for r in results if r.connect_error],
         "cameras_reported": len(results),
         "cameras_stalled": sum(r.send_stalled for r in results),

@@ -52,6 +52,9 @@ class CameraResult:
     latencies_ms: list[float] = field(default_factory=list)
     sent_at_s: list[float] = field(default_factory=list)  # per answered frame, from start
     server_timing: list[dict[str, float]] = field(default_factory=list)
+    #: ``event`` messages the camera's socket carried, by rule (protocol 3; the server's
+    #: node rules, benchmarks/events_load.py): whether each rule fired in the run.
+    events_by_rule: dict[str, int] = field(default_factory=dict)
     connect_error: str | None = None
     #: The server stopped reading: a send was still blocked when the run and its drain
     #: time were over (a synchronous server busy with its backlog does this).
@@ -75,8 +78,17 @@ async def run_camera(plan: CameraPlan, progress: Any) -> CameraResult:
     async with aiohttp.ClientSession() as session:
         # No retries and no resume: a camera that cannot connect, or loses its server,
         # is reported as such, not hidden in a later run.
+        def heard(event: Any) -> None:
+            res.events_by_rule[event.rule] = res.events_by_rule.get(event.rule, 0) + 1
+
         client = EdgeVisionClient(
-            plan.url, mode=mode, wire=wire, retry_s=0.0, resume=False, session=session
+            plan.url,
+            mode=mode,
+            wire=wire,
+            retry_s=0.0,
+            resume=False,
+            session=session,
+            on_event=heard,
         )
         try:
             await client.connect()
