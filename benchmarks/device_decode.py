@@ -27,8 +27,8 @@ figures. Run::
 
 ``--backends`` makes one nvImageCodec decoder of each: ``hw+cuda`` as a worker has, ``hw``
 and ``cuda`` as the GPU process's two routes have. Each run also says how many batches the
-library refused and how many frames went to libjpeg-turbo for it (``refused_batches``,
-``host_frames``): a decoder that refuses its frames measures the host, not the GPU.
+library refused and how many frames went to libjpeg-turbo for it (``refused``:
+``batches``, ``host_frames``): a decoder that refuses its frames measures the host, not the GPU.
 """
 
 from __future__ import annotations
@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
         "gpu": torch.cuda.get_device_name(torch.device(device)) if cuda else None,
         "frame": "1280x720 JPEG of the load bench's clip, letterboxed to 640x352",
         "runs": {},
+        "refused": {},  # by run: batches the GPU library refused, frames libjpeg-turbo took
     }
     variants: list[tuple[str, str, int, tuple[str, ...]]] = []
     if cuda:
@@ -221,15 +222,11 @@ def main(argv: list[str] | None = None) -> None:
         rows = measure_library(dec, jpegs, plan, args.batches, args.seconds, not cuda)
         # Frames the GPU library refused went to libjpeg-turbo: then the figures are the
         # host's, not the GPU decoder's (the GPU process's hw route on 2026-12-07).
-        rows["refused_batches"] = dec.refusals
-        rows["host_frames"] = dec.host_frames
+        result["refused"][name] = {"batches": dec.refusals, "host_frames": dec.host_frames}
         result["runs"][name] = rows
-        print(f"== {name}")
+        print(f"== {name} (refused: {result['refused'][name]})")
         print(f"{'batch':>5} {'stage':<13} {'wall ms':>8} {'driver CPU':>10} {'other CPU':>9}")
         for b, row in rows.items():
-            if not isinstance(row, dict):
-                print(f"{b}: {row}")
-                continue
             for stage, r in row.items():
                 print(
                     f"{b:>5} {stage:<13} {r['wall_ms']:8.3f} {r['driver_cpu_ms']:10.3f} "

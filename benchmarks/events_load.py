@@ -26,7 +26,7 @@ judged (frames/s and p99, the issue's; p50, p95, CPU) the rules cost at most
 its five slowest frames of 480, on a 2-core machine inferences that something else slowed
 at that moment, and its median over five runs swings between sittings by more than the
 5 % sought; the percentiles of every frame of a side pooled say more about the tail
-(docs/benchmarks.md, "ten rules: the p99 pooled"). The load should leave the node
+(docs/benchmarks.md, "ten rules, the p99 pooled"). The load should leave the node
 unsaturated (the default, 2 cameras × 2 fps, is about a quarter of what this repository's
 2-core machine answers), else both sides measure the engine's queue.
 
@@ -71,7 +71,7 @@ FIGURES = {
 }
 #: The figures the verdict is on (the issue's); the loop's CPU is there to explain them,
 #: and the pooled percentiles (every frame of a side) to say what a run's p99, its ~5
-#: slowest frames of 480, cannot (docs/benchmarks.md, "ten rules: the p99 pooled").
+#: slowest frames of 480, cannot (docs/benchmarks.md, "ten rules, the p99 pooled").
 JUDGED = ("answered_per_s", "p50_ms", "p95_ms", "p99_ms", "server_cpu_s_per_1000")
 VARIANTS = ("without", "with")
 

@@ -146,10 +146,10 @@ class RoutedDecoder:
         )
 
     def _fell_back(self, route: str) -> str:
-        """`` (N of them on the host: the GPU decoder refused them)`` for a device route
-        whose decoder sent frames to the host decoder instead."""
+        """`` (N of them decoded on the host)`` for a device route whose decoder sent
+        frames to the host decoder instead (frames its GPU library refused)."""
         host = int(getattr(self.devices.get(route), "host_frames", 0) or 0)
-        return f" ({host} of them on the host: refused)" if host else ""
+        return f" ({host} of them decoded on the host)" if host else ""
 
     def _device_call(
         self,
