@@ -155,6 +155,15 @@ def measure_library(
     return rows
 
 
+def _backends(text: str) -> str:
+    """``hw``, ``cuda`` or both joined by ``+`` (nvImageCodec's hardware JPEG engine and
+    its CUDA decoder), else an error argparse reports in one line."""
+    parts = text.split("+")
+    if not parts or any(p not in ("hw", "cuda") for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: give hw, cuda or hw+cuda")
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 3, 4, 8, 16])
@@ -170,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--backends",
         nargs="+",
+        type=_backends,
         default=["hw+cuda"],
         help="nvImageCodec's backends a decoder: hw+cuda (a worker's), hw and cuda (the GPU "
         "process's two routes, gpu_process/decoders.py)",
@@ -222,7 +232,11 @@ def main(argv: list[str] | None = None) -> None:
         rows = measure_library(dec, jpegs, plan, args.batches, args.seconds, not cuda)
         # Frames the GPU library refused went to libjpeg-turbo: then the figures are the
         # host's, not the GPU decoder's (the GPU process's hw route on 2026-12-07).
-        result["refused"][name] = {"batches": dec.refusals, "host_frames": dec.host_frames}
+        result["refused"][name] = {
+            "batches": dec.refusals,  # decode_batch calls with frames sent to the host
+            "host_frames": dec.host_frames,
+            "batch_failures": dec.batch_failures,  # calls that failed whole, retried alone
+        }
         result["runs"][name] = rows
         print(f"== {name} (refused: {result['refused'][name]})")
         print(f"{'batch':>5} {'stage':<13} {'wall ms':>8} {'driver CPU':>10} {'other CPU':>9}")

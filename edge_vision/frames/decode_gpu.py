@@ -211,7 +211,8 @@ class CudaBatchDecoder:
         self.host_frames = 0
         self.batch_failures = 0  # batched calls that failed whole and were retried
         self.refusals = 0  # batches with frames the GPU decoder refused (to the host)
-        self.backends = tuple(backends)
+        # nvImageCodec's backends, for the logs (torchvision's nvJPEG has no such choice)
+        self.backends = tuple(backends) if self.nvimgcodec is not None else ()
         # (event, decoded images) of batches whose letterbox may still be queued (_ready)
         self._reading: collections.deque[tuple[Any, list[Any]]] = collections.deque()
         if self.nvimgcodec is not None:
@@ -325,18 +326,18 @@ class CudaBatchDecoder:
 
     def _say_refused(self, frames: int, error: Any) -> None:
         """Frames the GPU decoder refused go to the host decoder in this thread, one by
-        one: said at WARNING the first time (with the library's reason) and counted in
-        ``host_frames`` after, since a decoder that refuses every frame makes its route
-        a slow host path (the GPU process on an H100, 2026-12-07: docs/benchmarks.md)."""
+        one: said at WARNING the first time (with what the library raised, or that it
+        gave no image) and counted in ``refusals`` and ``host_frames`` after: a decoder
+        that refuses every frame makes its route a slow host path, which must show."""
         with self._lock:
             first = self.refusals == 0
             self.refusals += 1
         if first:
             log.warning(
-                "%s (%s) refused %d frame(s) of a batch (%s); they are decoded on the host, "
+                "%s%s refused %d frame(s) of a batch (%s); they are decoded on the host, "
                 "and later refusals are counted, not logged",
                 self.library,
-                "+".join(self.backends),
+                f" ({'+'.join(self.backends)})" if self.backends else "",
                 frames,
                 error,
             )

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, wait
 from functools import partial
 from typing import Any
 
@@ -58,14 +58,18 @@ class RoutedDecoder:
         host: HostBatchDecoder,
         host_pool: Executor,
         host_threads: int,
+        side_threads: int = 2,
     ) -> None:
         self.devices = dict(devices)
         self.host = host
         self._pool = host_pool
-        # The routes after the first run beside it, each on a thread of its own, so the
-        # hardware engine's frames never wait behind the CUDA decoder's (its Huffman stage
-        # is host work) or the host's.
-        self._side = {r: role_pool(1, f"gpu-decode-{r}") for r in list(self.devices)[1:]}
+        # The routes after the first run beside it, on threads of their own (one a decode
+        # call in flight: ``side_threads``, decode.device_streams), so the hardware
+        # engine's frames never wait behind the CUDA decoder's (its Huffman stage is host
+        # work) or the host's.
+        self._side = {
+            r: role_pool(max(1, side_threads), f"gpu-decode-{r}") for r in list(self.devices)[1:]
+        }
         self.meters = {r: RateMeter(PRIOR_RATES[r]) for r in self.devices}
         self.meters["host"] = RateMeter(PRIOR_RATES["host_per_thread"] * max(1, host_threads))
         # One host decoder is never done with a frame sooner than one core decodes it.
@@ -120,16 +124,24 @@ class RoutedDecoder:
                     side.append(self._side[route].submit(call))
                 else:
                     first = (route, decoder, idx)
-            if first is not None:
-                self._device_call(first[0], first[1], requests, first[2], out)
+            try:
+                if first is not None:
+                    self._device_call(first[0], first[1], requests, first[2], out)
+            finally:  # the other routes' calls are done with ``out`` before this returns
+                wait(side)
             for fut in side:
-                fut.result()
+                fut.result()  # a route's failure fails the call, as the first route's does
             self._host_results(host, out, t0)
         finally:
             with self._lock:
                 for r, k in split.items():
                     self._queued[r] -= k
         return [o if o is not None else ClientError("bad_image", "not decoded") for o in out]
+
+    def close(self) -> None:
+        """Stop the side routes' threads (idle ones; a call in progress finishes)."""
+        for pool in self._side.values():
+            pool.shutdown(wait=False)
 
     def _say_routes(self) -> None:
         """Every :data:`ROUTES_LOG_S`: the frames each route decoded and its rate now."""
@@ -184,6 +196,11 @@ class RoutedDecoder:
 class GpuSidePipeline(FramePipeline):
     """The frame pipeline of the GPU process (module docstring)."""
 
+    async def close(self) -> None:
+        await super().close()
+        if isinstance(self.decoding.device, RoutedDecoder):
+            self.decoding.device.close()
+
     def _engine_changed(self, engine: Engine) -> None:
         d = self.config.decode
         if self.decoding.device is None and engine.accepts_device_frames and d.device != "host":
@@ -219,6 +236,8 @@ class GpuSidePipeline(FramePipeline):
         else:  # torchvision's nvJPEG: the CUDA route alone
             devices["cuda"] = first
         host_threads = worker_count(d.workers)
-        routed = RoutedDecoder(devices, self.host_decoder, self.executor, host_threads)
+        routed = RoutedDecoder(
+            devices, self.host_decoder, self.executor, host_threads, d.device_streams
+        )
         log.info("GPU process decode routes: %s", ", ".join(routed.meters))
         return routed

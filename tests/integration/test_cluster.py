@@ -221,7 +221,13 @@ async def test_run_cluster_script_serves_through_nginx_and_ctrl_c_stops_everythi
             await asyncio.to_thread(proc.wait, T(60))
         except subprocess.TimeoutExpired:
             logs = await asyncio.to_thread(_tails, tmp_path)
-            raise AssertionError(f"the script did not stop after Ctrl-C:\n{logs}") from None
+            # Whether the script ignored SIGINT from its start (bash cannot trap a signal
+            # ignored on entry) or caught it and hung in its trap: once in a full run on
+            # 2026-12-07 it did not stop, and passed alone.
+            masks = await asyncio.to_thread(_signal_masks, proc.pid)
+            raise AssertionError(
+                f"the script did not stop after Ctrl-C ({masks}):\n{logs}"
+            ) from None
         for name, pid in pids.items():
             await wait_until(partial(_dead, pid), 10, f"{name} (pid {pid}) to stop")
         # The nodes stopped gracefully while Redis was still up: they removed their keys.
@@ -260,6 +266,15 @@ def _stop_script(proc: subprocess.Popen[bytes], folder: Path) -> None:
         return
     if b"redis-server" in cmdline:
         os.kill(pid, signal.SIGKILL)
+
+
+def _signal_masks(pid: int) -> str:
+    """A process's ignored and caught signals (/proc), SIGINT being bit 2 (0x2)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as e:
+        return f"no /proc status: {e}"
+    return ", ".join(ln for ln in lines if ln.startswith(("SigIgn", "SigCgt", "State")))
 
 
 async def _dead(pid: int) -> bool:
