@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         rows = measure_library(dec, jpegs, plan, args.batches, args.seconds, not cuda)
         # Frames the GPU library refused went to libjpeg-turbo: then the figures are the
-        # host's, not the GPU decoder's (the GPU process's hw route on 2026-12-07).
+        # host's, not the GPU decoder's.
         result["refused"][name] = {
             "batches": dec.refusals,  # decode_batch calls with frames sent to the host
             "host_frames": dec.host_frames,

@@ -222,8 +222,7 @@ async def test_run_cluster_script_serves_through_nginx_and_ctrl_c_stops_everythi
         except subprocess.TimeoutExpired:
             logs = await asyncio.to_thread(_tails, tmp_path)
             # Whether the script ignored SIGINT from its start (bash cannot trap a signal
-            # ignored on entry) or caught it and hung in its trap: once in a full run on
-            # 2026-12-07 it did not stop, and passed alone.
+            # ignored on entry) or caught it and hung in its trap.
             masks = await asyncio.to_thread(_signal_masks, proc.pid)
             raise AssertionError(
                 f"the script did not stop after Ctrl-C ({masks}):\n{logs}"
