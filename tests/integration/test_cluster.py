@@ -194,6 +194,9 @@ async def test_run_cluster_script_serves_through_nginx_and_ctrl_c_stops_everythi
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, as a terminal would give it
+        # Ctrl-C's default, whatever this process inherited: bash cannot trap a signal that
+        # was ignored when it started (the script failed to stop twice in full runs).
+        preexec_fn=_default_sigint,
     )
     base = f"http://127.0.0.1:{env['EV_PORT']}"
     try:
@@ -225,7 +228,7 @@ async def test_run_cluster_script_serves_through_nginx_and_ctrl_c_stops_everythi
             # ignored on entry) or caught it and hung in its trap.
             masks = await asyncio.to_thread(_signal_masks, proc.pid)
             raise AssertionError(
-                f"the script did not stop after Ctrl-C ({masks}):\n{logs}"
+                f"the script did not stop after Ctrl-C:\n{logs}\n(script: {masks})"
             ) from None
         for name, pid in pids.items():
             await wait_until(partial(_dead, pid), 10, f"{name} (pid {pid}) to stop")
@@ -265,6 +268,10 @@ def _stop_script(proc: subprocess.Popen[bytes], folder: Path) -> None:
         return
     if b"redis-server" in cmdline:
         os.kill(pid, signal.SIGKILL)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _signal_masks(pid: int) -> str:
