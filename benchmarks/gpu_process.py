@@ -2,7 +2,7 @@
 a node's cameras?
 
     python -m benchmarks.gpu_process [--frames 6000] [--workers 4] [--in-flight 8]
-        [--rounds 3] [--json out.json]
+        [--rounds 3] [--lines N] [--post worker|gpu] [--json out.json]
 
 Issue 34 puts decode, the engine and post of every worker in one process a GPU. The GPU
 does the work, but every frame still costs that process some Python: its submit message,
@@ -17,7 +17,10 @@ device post would hand it) so that the decode batches, the engine's batches and 
 their real Python; ``--workers`` worker processes' worth of rings (in this process) keep
 ``--in-flight`` frames each in it, as the workers' sessions would. Reported: the GPU
 process's CPU a frame, all of it and its event loop's alone (the thread every frame goes
-through: the limit), and frames a second; the median of the rounds.
+through: the limit), and frames a second; the median of the rounds. ``--lines N`` makes
+the engine's byte maps hold N text lines (benchmarks.post's maps), so post has real work;
+``--post gpu`` has the GPU process post-process them itself instead of answering the
+engine's outputs for the workers to post (the node's way; these workers do not post).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -49,9 +52,11 @@ from edge_vision.tools.bench.servers import medians, write_report
 
 
 class InstantEngine(Engine):
-    """A GPU engine's answers without a GPU: DB's byte map (all below the threshold)."""
+    """A GPU engine's answers without a GPU: DB's byte map, all below the threshold, or
+    (``maps``) made beforehand from maps of text lines (benchmarks.post), cycled."""
 
     kind = "torch"
+    maps: ClassVar[list[np.ndarray]] = []
 
     async def start(self) -> None:
         pass
@@ -62,7 +67,11 @@ class InstantEngine(Engine):
 
     async def infer(self, frames: Sequence[Any]) -> list[np.ndarray]:
         h, w = frames[0].shape[:2]
-        return [np.zeros((len(frames), 1, h, w), np.uint8)]
+        if not self.maps or self.maps[0].shape[-2:] != (h, w):
+            return [np.zeros((len(frames), 1, h, w), np.uint8)]
+        self._next = (getattr(self, "_next", 0) + len(frames)) % len(self.maps)
+        pick = [self.maps[(self._next + i) % len(self.maps)] for i in range(len(frames))]
+        return [np.concatenate(pick)]
 
     async def close(self) -> None:
         pass
@@ -107,7 +116,18 @@ def _config() -> Config:
     )
 
 
-def _gpu_main(path: str) -> None:
+def text_maps(lines: int, count: int = 16) -> list[np.ndarray]:
+    """``count`` byte maps ``[1, 1, 352, 640]`` of ``lines`` text lines each, as the GPU
+    engines' device post answers a 1280x720 frame (needs torch, on the CPU)."""
+    from .post import byte_map, prob_map
+
+    threshold = load_config(None, environ={}).model.dbnet.bin_threshold
+    return [byte_map(prob_map(lines, seed), threshold) for seed in range(count)]
+
+
+def _gpu_main(path: str, lines: int = 0) -> None:
+    if lines:
+        InstantEngine.maps = text_maps(lines)
     config = _config()
     spec: ModelSpec = load_model_spec(config.model)
     process = GpuProcess(
@@ -117,7 +137,9 @@ def _gpu_main(path: str) -> None:
     asyncio.run(process.run(path))
 
 
-async def _worker(path: str, index: int, frames: int, in_flight: int, jpeg: bytes) -> None:
+async def _worker(
+    path: str, index: int, frames: int, in_flight: int, jpeg: bytes, raw: bool
+) -> None:
     """One worker's ring and connection, ``in_flight`` frames in the GPU process at once."""
     segment = Segment.create("gpu-process-bench", f"w{index}", 32 << 20)
     ring = RingWriter(segment)
@@ -137,7 +159,7 @@ async def _worker(path: str, index: int, frames: int, in_flight: int, jpeg: byte
             raise RuntimeError("the ring is full")
         records[sent] = record
         # every session of its own, so none replaces another's frame
-        sub = wire.Submit(sent, record, sent % 1000, False, False, 0.5, None, None)
+        sub = wire.Submit(sent, record, sent % 1000, False, False, 0.5, None, None, raw)
         writer.write(sub.encode())
         sent += 1
 
@@ -167,13 +189,16 @@ async def _worker(path: str, index: int, frames: int, in_flight: int, jpeg: byte
 async def _drive(path: str, args: argparse.Namespace, jpeg: bytes, frames: int) -> None:
     each = frames // args.workers
     await asyncio.gather(
-        *(_worker(path, i, each, args.in_flight, jpeg) for i in range(args.workers))
+        *(
+            _worker(path, i, each, args.in_flight, jpeg, args.post == "worker")
+            for i in range(args.workers)
+        )
     )
 
 
 def one_round(args: argparse.Namespace, tmp: Path, jpeg: bytes, r: int) -> dict[str, Any]:
     path = str(tmp / f"gpu-{r}.sock")
-    gpu = multiprocessing.get_context("spawn").Process(target=_gpu_main, args=(path,))
+    gpu = multiprocessing.get_context("spawn").Process(target=_gpu_main, args=(path, args.lines))
     gpu.start()
     try:
         deadline = time.monotonic() + 120
@@ -214,7 +239,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=4, help="workers' rings and connections")
     ap.add_argument("--in-flight", type=int, default=8, help="frames a worker keeps in it")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--lines",
+        type=int,
+        default=0,
+        help="text lines in each frame's DB map (0: an empty map, post does almost nothing)",
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument(
+        "--post",
+        choices=("worker", "gpu"),
+        default="worker",
+        help="who post-processes: the workers (the node's way: the GPU process answers the "
+        "engine's outputs; this bench's workers do not post them) or the GPU process",
+    )
     args = ap.parse_args(argv)
     jpeg = encode_jpegs(generated_frames(1280, 720, 1))[0]
     runs = []

@@ -111,6 +111,7 @@ class InferenceService:
         *,
         engine_factory: EngineFactory = create_engine,
         metrics: Metrics | None = None,
+        post_threads: int | None = None,
     ) -> None:
         config = resolve_engine(config)  # engine.kind auto: this machine's engine
         self.config = config
@@ -119,6 +120,9 @@ class InferenceService:
         # Post jobs (one a batch) run here, beside the engine's batches in flight; OpenCV and
         # numpy release the GIL. Made at start, shut at close.
         self._post: ThreadPoolExecutor | None = None
+        # One a batch in flight (a worker's share of the GPU), unless the caller serves a
+        # whole node (the GPU process: every worker's post runs here).
+        self._post_threads = post_threads or max(2, config.engine.in_flight)
         self._posting: set[asyncio.Task[None]] = set()
         self._batches = 0
         self.supervisor = EngineSupervisor(
@@ -148,8 +152,7 @@ class InferenceService:
 
     async def start(self) -> None:
         if self._post is None:
-            threads = max(2, self.config.engine.in_flight)
-            self._post = role_pool(threads, "post")
+            self._post = role_pool(self._post_threads, "post")
         await self.supervisor.start()
 
     async def close(self) -> None:

@@ -19,7 +19,10 @@ the same two pipeline steps; only the pipeline and the service behind them diffe
   ``server.memory_wait_s`` (``over_memory_budget``, as the memory budget does). While no
   GPU process is ready (one is being restarted) a frame waits for it up to
   :data:`RESTART_WAIT_S`; the frames that were in it when it was lost are answered
-  ``engine_unavailable`` at once (:mod:`.link`).
+  ``engine_unavailable`` at once (:mod:`.link`). The GPU process answers the engine's
+  outputs for the frame and the worker post-processes them on its own threads, with the
+  head the GPU process chose: one interpreter a GPU cannot also post-process every camera
+  of the node (docs/benchmarks.md, "post on the workers").
 * :class:`GpuProcessService` stands where the inference service stands for the server:
   ready while a GPU process is, its engine's state (and each GPU process's, under
   ``details.gpu_process``) in /readyz and hello, ``engine_unavailable`` while none is.
@@ -38,6 +41,7 @@ import logging
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -55,8 +59,10 @@ from ..frames.infer import SUPERSEDED, BatchInfo, InferenceService, Superseded
 from ..frames.pipeline import FramePipeline, FrameResult, _timing
 from ..frames.read import SessionReading
 from ..frames.supervisor import EngineStatus
-from ..model.heads import Head
+from ..model.heads import F32Array, Head, choose_head
+from ..model.shape import Letterbox
 from ..model.spec import ModelSpec
+from . import wire
 from .link import GpuLink
 from .ring import Record, RingWriter, Segment
 
@@ -137,6 +143,7 @@ class GpuProcessService(InferenceService):
         self._counted = (0, 0)  # losses and failed frames already in the metrics
         self._metrics = metrics.extension(_GpuProcessMetrics) if metrics is not None else None
         self._ready = asyncio.Event()
+        self._head: tuple[str, Head] | None = None
         self.changed = asyncio.Event()  # set whenever a GPU process's state changes
         self._changed()
 
@@ -190,7 +197,14 @@ class GpuProcessService(InferenceService):
 
     @property
     def head(self) -> Head | None:
-        return None
+        """The head the GPU process chose (its status names it), made here with this
+        node's ``model`` settings: the worker post-processes its own frames."""
+        name = next((ln.status.get("head") for ln in self.links if ln.status.get("head")), None)
+        if name is None:
+            return None
+        if self._head is None or self._head[0] != name:
+            self._head = (str(name), choose_head(str(name), [], self.config.model))
+        return self._head[1]
 
     @property
     def max_batch(self) -> int:
@@ -334,7 +348,12 @@ class HandoffPipeline(FramePipeline):
             record = await self._place(compressed.data, latest)
             try:
                 seq, answer = link.submit(
-                    record, route.number, settings, latest=latest, quads=reading is not None
+                    record,
+                    route.number,
+                    settings,
+                    latest=latest,
+                    quads=reading is not None,
+                    raw=True,
                 )
             except BaseException:
                 self.handoff.ring.free(record)
@@ -353,12 +372,21 @@ class HandoffPipeline(FramePipeline):
         if result.outcome == "error":
             code = result.error_code if result.error_code in ERROR_CODES else "internal"
             raise ClientError(code, result.error_message)
-        return await self._result(frame, prepared, result, taken_at, supersede_key, reading)
+        return await self._result(
+            frame, prepared, settings, result, taken_at, supersede_key, reading
+        )
+
+    def _post_outputs(
+        self, encoded: bytes, *, lb: Letterbox, settings: FrameSettings, quads: bool
+    ) -> tuple[F32Array, F32Array | None]:
+        """The frame's post-processing from the outputs its GPU process answered."""
+        return self._post_frame(wire.decode_outputs(encoded), lb=lb, settings=settings, quads=quads)
 
     async def _result(
         self,
         frame: FrameMessage,
         prepared: Prepared,
+        settings: FrameSettings,
         result: Any,
         taken_at: float,
         supersede_key: Hashable | None,
@@ -366,16 +394,28 @@ class HandoffPipeline(FramePipeline):
     ) -> FrameResult:
         t = result.times
         lb = prepared.letterbox
+        dets, quads, post_s = result.detections, result.quads, t.post_s
+        if result.outputs is not None:  # this worker post-processes the frame
+            started = time.perf_counter()
+            dets, quads = await asyncio.get_running_loop().run_in_executor(
+                self.executor,
+                partial(
+                    self._post_outputs,
+                    result.outputs,
+                    lb=lb,
+                    settings=settings,
+                    quads=reading is not None,
+                ),
+            )
+            post_s = time.perf_counter() - started
         stages = Prepared(prepared.canvas, lb, prepared.decode_s + t.decode_s, t.shape_s)
         active = self.handoff.status.active or ""
         wait = t.queued_s + t.batch_wait_s
-        batch = BatchInfo(t.batch_size, wait, t.infer_s, active, t.post_s, t.batch)
+        batch = BatchInfo(t.batch_size, wait, t.infer_s, active, post_s, t.batch)
         done = time.perf_counter()
         timing = _timing(frame, taken_at, stages, batch, done)
-        dets = result.detections
         texts = None
         if reading is not None:  # as FramePipeline.finish: the recogniser is the worker's
-            quads = result.quads if result.quads is not None else None
             texts = await self.reading.read(
                 reading,
                 dets,

@@ -121,8 +121,10 @@ class GpuLink:
         *,
         latest: bool,
         quads: bool,
+        raw: bool = False,
     ) -> tuple[int, asyncio.Future[wire.Result]]:
-        """Hand the frame in ``record`` over; its answer comes on the future. Raises
+        """Hand the frame in ``record`` over; its answer comes on the future (with ``raw``,
+        the engine's outputs for it: the worker post-processes them). Raises
         EngineUnavailable at once when no ready GPU process is connected (``record``
         stays the caller's then)."""
         writer = self._writer
@@ -140,6 +142,7 @@ class GpuLink:
             settings.confidence,
             settings.input_size,
             settings.classes,
+            raw,
         )
         writer.write(message.encode())
         return seq, fut

@@ -11,7 +11,9 @@ engine, the CUDA decoder and host threads, :mod:`.route`), letterbox, then the b
 front (:class:`~edge_vision.frames.infer.InferenceService`), so the engine's batches hold
 frames of every camera of the node, and its post-processing. Only the detections (and,
 for a session that reads text, each box's rotated rectangle) go back, with the stage
-times and the batch's number.
+times and the batch's number; or, for a frame its worker post-processes (``raw``: the
+workers do, so that the post-processing of every camera of the node does not share this
+one interpreter), the engine's outputs for it.
 
 A frame's end is always answered once: ``ok``, ``superseded`` (a newer frame of its
 session took its place before its decode, or before the engine ran it), ``cancelled``
@@ -63,6 +65,8 @@ log = logging.getLogger(__name__)
 
 #: How often the event loop writes its heartbeat.
 BEAT_S = 0.25
+#: Each worker connection's send buffer (the kernel caps it at net.core.wmem_max).
+SOCKET_BUFFER_BYTES = 4 << 20
 #: How often the engine's state is compared with what the workers were last told.
 STATUS_EVERY_S = 0.2
 
@@ -88,6 +92,14 @@ def decode_capacity(config: Config) -> int:
     return host if d.device == "host" else max(host, 2 * d.device_batch * d.device_streams)
 
 
+def post_threads(config: Config) -> int:
+    """Post threads of the GPU process: it post-processes every worker's frames, so at
+    least a worker's (one a batch in flight) and up to half the host's cores (OpenCV and
+    numpy release the GIL for most of DB's post; the rest holds the one interpreter)."""
+    per_worker = max(2, config.engine.in_flight)
+    return max(per_worker, min(16, (os.cpu_count() or 2) // 2))
+
+
 @dataclass(eq=False, slots=True)
 class _Worker:
     """One worker's connection."""
@@ -99,9 +111,9 @@ class _Worker:
     waiting: dict[int, _Frame] = field(default_factory=dict)  # seq -> frame in the queue
     closed: bool = False
 
-    def send(self, data: bytes) -> None:
+    def send(self, *parts: bytes) -> None:
         if not self.closed and not self.writer.is_closing():
-            self.writer.write(data)
+            self.writer.writelines(parts)
 
 
 @dataclass(eq=False, slots=True)
@@ -127,7 +139,12 @@ class GpuProcess:
         self.stand_in = stand_in
         self.gpu = gpu
         self.spec = spec or load_model_spec(self.config.model)
-        self.service = InferenceService(self.spec, self.config, engine_factory=engine_factory)
+        self.service = InferenceService(
+            self.spec,
+            self.config,
+            engine_factory=engine_factory,
+            post_threads=post_threads(self.config),
+        )
         self.pipeline = GpuSidePipeline(self.config, self.service)
         self.queue: PendingQueue[_Frame] = PendingQueue()
         self.capacity = decode_capacity(self.config)
@@ -171,7 +188,7 @@ class GpuProcess:
 
     def _answer(self, frame: _Frame, result: wire.Result) -> None:
         self.counts[result.outcome] += 1
-        frame.worker.send(result.encode())
+        frame.worker.send(*result.encode_parts())
 
     def _end(self, frame: _Frame, outcome: wire.Outcome, code: str = "", text: str = "") -> None:
         """``frame``'s end without detections: superseded, cancelled, or an error."""
@@ -253,8 +270,15 @@ class GpuProcess:
             finally:
                 self.decoding -= 1
                 self._kick()
-            post = partial(
-                self.pipeline._post_frame, lb=prepared.letterbox, settings=settings, quads=sub.quads
+            post: Any = (
+                _rows
+                if sub.raw
+                else partial(
+                    self.pipeline._post_frame,
+                    lb=prepared.letterbox,
+                    settings=settings,
+                    quads=sub.quads,
+                )
             )
             try:
                 inferred = await self.service.infer_then(
@@ -275,7 +299,9 @@ class GpuProcess:
         if isinstance(inferred, Superseded):
             self._end(frame, "superseded")
             return
-        (dets, quads), batch = inferred
+        value, batch = inferred
+        rows = value if sub.raw else None
+        dets, quads = (_NO_DETECTIONS, None) if sub.raw else value
         times = wire.StageTimes(
             prepared.decode_s,
             prepared.shape_s,
@@ -286,7 +312,7 @@ class GpuProcess:
             batch.size,
             batch.number,
         )
-        self._answer(frame, wire.Result(sub.seq, "ok", dets, quads, times))
+        self._answer(frame, wire.Result(sub.seq, "ok", dets, quads, times, outputs=rows))
 
     # -- the connections ---------------------------------------------------------------
 
@@ -302,6 +328,8 @@ class GpuProcess:
         worker: _Worker | None = None
         try:
             hello, segment = await _receive_hello(conn)
+            # A frame's outputs (DB's byte map: 225 KB) go whole into the socket at once.
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
             reader, writer = await asyncio.open_unix_connection(sock=conn)
             worker = _Worker(hello.worker, hello.pid, RingReader(segment), writer)
             self.workers.add(worker)
@@ -436,6 +464,12 @@ def _said(status: dict[str, Any]) -> str:
 
 
 _NO_DETECTIONS = np.zeros((0, 6), np.float32)
+
+
+def _rows(outputs: list[np.ndarray]) -> bytes:
+    """A frame's rows of its batch's outputs, encoded for its worker's post-processing in
+    the post job (where post would have read them; the copy is the bytes)."""
+    return wire.encode_outputs(outputs)
 
 
 def gpu_process_main(

@@ -55,6 +55,7 @@ class HeldEngine(Engine):
         super().__init__(spec, config)
         self.batches: list[int] = []
         self.held = 0  # batches waiting at the gate
+        self.box: tuple[int, int, int, int] | None = None
         self.gate = asyncio.Event()
         self.gate.set()
 
@@ -67,7 +68,11 @@ class HeldEngine(Engine):
         self.held -= 1
         self.batches.append(len(frames))
         h, w = frames[0].shape[:2]
-        return [np.zeros((len(frames), 1, h, w), np.float32)]
+        out = np.zeros((len(frames), 1, h, w), np.float32)
+        if self.box is not None:  # one "text line" a frame where the test asks
+            y0, y1, x0, x1 = self.box
+            out[:, :, y0:y1, x0:x1] = 0.9
+        return [out]
 
     async def close(self) -> None:
         pass
@@ -226,6 +231,36 @@ async def test_cpu_stand_in_runs_frames_of_every_worker_in_one_engine_batch(
     assert node.engine.batches[-2:] == [1, 6]  # the held frame, then both workers' six
     sizes = sorted(r.timing["batch_size"] for r in results)
     assert sizes == [1.0] + [6.0] * 6
+
+
+async def test_cpu_stand_in_workers_post_process_their_own_frames(
+    tmp_path: Path, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU process answers the engine's outputs and each worker finds the boxes in
+    them on its own threads (one interpreter a GPU cannot post every camera of a node):
+    the same boxes the GPU process's own post-processing finds, none posted there."""
+    async with gpu_node(tmp_path, spec) as node:
+        node.engine.box = (60, 90, 40, 200)
+        (_, w0), (_, w1) = await node.worker(), await node.worker()
+        posted_there: list[int] = []
+        own_post = node.process.pipeline._post_frame
+
+        def counted(*args: Any, **kw: Any) -> Any:
+            posted_there.append(1)
+            return own_post(*args, **kw)
+
+        monkeypatch.setattr(node.process.pipeline, "_post_frame", counted)
+        handed = [hand_over(w, i, f"c{i}") for i in range(3) for w in (w0, w1)]
+        results = await asyncio.gather(*handed)
+        assert not posted_there
+        lb = w0.request_for(message(0), None).letterbox
+        h, w = lb.out_h, lb.out_w
+        outputs = [np.zeros((1, h, w), np.float32)]
+        outputs[0][:, 60:90, 40:200] = 0.9
+        want = own_post(outputs, lb=lb, settings=SETTINGS, quads=False)[0]
+    assert len(want) == 1  # the line is found, and every worker found the same box
+    for r in results:
+        np.testing.assert_allclose(r.detections, want, atol=1e-4)
 
 
 async def test_cpu_stand_in_drops_a_replaced_frame_before_its_decode_and_the_books_hold(

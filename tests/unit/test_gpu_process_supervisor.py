@@ -15,6 +15,7 @@ from edge_vision.gpu_process.handoff import pick_link
 from edge_vision.gpu_process.ring import Record
 from edge_vision.gpu_process.supervisor import judge, restart_delay
 from edge_vision.gpu_process.wire import (
+    DEFLATE_FROM,
     FRAME,
     RESULT,
     SUBMIT,
@@ -23,6 +24,8 @@ from edge_vision.gpu_process.wire import (
     Submit,
     cancel,
     decode_cancel,
+    decode_outputs,
+    encode_outputs,
 )
 
 H100 = Machine("NVIDIA H100 80GB HBM3", False, False, "13.0", True, triton=True, cores=16)
@@ -110,3 +113,29 @@ def test_a_result_carries_detections_rectangles_times_and_errors() -> None:
     back = Result.decode(error.encode()[FRAME.size :])
     assert (back.outcome, back.error_code, back.error_message) == ("error", "bad_image", "cut")
     assert Result.decode(Result(1, "superseded", dets[:0]).encode()[5:]).outcome == "superseded"
+
+
+def test_a_result_for_the_worker_to_post_carries_the_engines_outputs_exactly() -> None:
+    byte_map = np.random.default_rng(1).integers(0, 256, (1, 352, 640), dtype=np.uint8)
+    boxes = np.arange(24, dtype=np.float16).reshape(4, 6)
+    raw = Submit(3, Record(0, 1, 1), 1, True, False, 0.5, None, None, raw=True)
+    assert Submit.decode(raw.encode()[FRAME.size :]).raw
+    plain = Submit(3, Record(0, 1, 1), 1, True, False, 0.5, None, None)
+    assert not Submit.decode(plain.encode()[FRAME.size :]).raw
+    none = np.zeros((0, 6), np.float32)
+    small = [boxes, byte_map[0, :2]]  # under DEFLATE_FROM: as they are
+    for outputs in ([byte_map], small):
+        encoded = encode_outputs(outputs)
+        assert (encoded[0] == 1) == (sum(o.nbytes for o in outputs) >= DEFLATE_FROM)
+        got = Result.decode(Result(4, "ok", none, outputs=encoded).encode()[FRAME.size :])
+        assert got.outputs is not None
+        back = decode_outputs(got.outputs)
+        assert [o.dtype for o in back] == [o.dtype for o in outputs]
+        for a, b in zip(back, outputs, strict=True):
+            np.testing.assert_array_equal(a, b)
+    sparse = np.zeros((1, 352, 640), np.uint8)
+    sparse[0, 100:120, 50:300] = 200
+    assert len(encode_outputs([sparse])) < sparse.nbytes // 20  # a text map crosses small
+    assert Result.decode(Result(4, "ok", none).encode()[FRAME.size :]).outputs is None
+    with pytest.raises(ValueError, match="dtype complex64"):
+        encode_outputs([np.zeros(2, np.complex64)])
