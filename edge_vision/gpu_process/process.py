@@ -39,7 +39,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Hashable, MutableSequence
+from collections.abc import Callable, Hashable, MutableSequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..common.aio import cancel_and_wait, wait_event
+from ..common.memory import fix_mmap_threshold, freeze_startup_heap
 from ..common.messages import FrameMessage
 from ..common.settings import FrameSettings
 from ..config import Config
@@ -360,9 +361,11 @@ class GpuProcess:
         path: str,
         beat: MutableSequence[float] | None = None,
         stop: asyncio.Event | None = None,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
-        """Listen on ``path``, start the engine, serve until ``stop`` is set and the
-        workers are gone (or ``server.shutdown_grace_s`` + 2 s after ``stop``)."""
+        """Listen on ``path``, start the engine (then ``on_ready``, before the workers
+        hear it is ready), serve until ``stop`` is set and the workers are gone (or
+        ``server.shutdown_grace_s`` + 2 s after ``stop``)."""
         stop = stop or asyncio.Event()
         listener = await asyncio.to_thread(_listen, path)
         background = [
@@ -375,6 +378,8 @@ class GpuProcess:
             except Exception as e:  # noqa: BLE001 - up and saying why beats a restart loop
                 self.startup_error = f"engine failed to start: {e}"
                 log.error("GPU process: %s", self.startup_error)
+            if on_ready is not None:
+                on_ready()
             self._broadcast_if_changed()
             self._beat(beat)  # ready now, for the supervisor too: not at the next beat
             log.info("GPU process ready: %s", _said(self.status()))
@@ -490,13 +495,23 @@ def gpu_process_main(
     )
     config = Config.model_validate_json(config_json)
     logging.getLogger("edge_vision").setLevel(config.logging.level.upper())
+    mmap_threshold = config.server.mmap_threshold_bytes  # as a worker's (serve/workers.py)
+    if mmap_threshold is not None and not fix_mmap_threshold(mmap_threshold):
+        log.info("server.mmap_threshold_bytes: mallopt is not available here")
     process = GpuProcess(config, stand_in=stand_in, gpu=gpu)
+
+    def settle_heap() -> None:
+        """torch, the engine and its graphs frozen for the collector once warm, as in a
+        worker: its full passes would otherwise walk them, holding the one interpreter
+        every worker's frames go through."""
+        frozen, ms = freeze_startup_heap()
+        log.info("%d start-up objects frozen for the collector (its pass took %.0f ms)", frozen, ms)
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)  # the node stops its workers first
-        await process.run(path, beat, stop)
+        await process.run(path, beat, stop, on_ready=settle_heap)
 
     asyncio.run(main())
