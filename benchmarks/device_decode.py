@@ -132,6 +132,9 @@ def measure_library(
     try:
         for b in batches:
             held = decoded(pick(0, b))
+            failed = [h for h in held if isinstance(h, Exception)]
+            if failed:  # the decoder refused them (2026-12-07: a hardware-only one)
+                raise RuntimeError(f"{len(failed)} of {b} frames not decoded: {failed[0]}")
 
             def letterbox_only(_i: int, held: list[Any] = held) -> None:
                 letterbox(held)
@@ -229,7 +232,12 @@ def main(argv: list[str] | None = None) -> None:
             result["runs"][name] = {"error": repr(e)}
             print(f"{name}: {e!r}")
             continue
-        rows = measure_library(dec, jpegs, plan, args.batches, args.seconds, not cuda)
+        try:
+            rows = measure_library(dec, jpegs, plan, args.batches, args.seconds, not cuda)
+        except RuntimeError as e:  # this decoder decodes nothing: said, the others go on
+            result["runs"][name] = {"error": str(e), "warm_error": dec.warm_error}
+            print(f"{name}: {e} (warm-up: {dec.warm_error})")
+            continue
         # Frames the GPU library refused went to libjpeg-turbo: then the figures are the
         # host's, not the GPU decoder's.
         result["refused"][name] = {

@@ -215,6 +215,7 @@ class CudaBatchDecoder:
         self.backends = tuple(backends) if self.nvimgcodec is not None else ()
         # (event, decoded images) of batches whose letterbox may still be queued (_ready)
         self._reading: collections.deque[tuple[Any, list[Any]]] = collections.deque()
+        self.warm_error: str | None = None  # why nvImageCodec's warm-up failed, if it did
         if self.nvimgcodec is not None:
             self._warm(self.nvimgcodec, max(1, streams))
 
@@ -230,6 +231,7 @@ class CudaBatchDecoder:
                 self._wait(stream)  # before the decoded image's memory can go
                 del warmed
         except Exception as e:  # noqa: BLE001 - a slow first frame, not a failed start
+            self.warm_error = str(e)
             log.warning("nvImageCodec warm-up failed (%s); its first frames will be slower", e)
         finally:
             for stream in held:

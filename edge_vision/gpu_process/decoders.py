@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, wait
 from functools import partial
 from typing import Any
@@ -193,6 +193,43 @@ class RoutedDecoder:
                 self.frames["host"] += len(host)
 
 
+def device_routes(
+    library: str, one: Callable[[str, tuple[str, ...]], BatchDecoder | None]
+) -> dict[str, BatchDecoder]:
+    """The GPU process's device decode routes, each made by ``one(library, backends)``:
+    nvImageCodec's hardware JPEG engine alone (``hw``) and its CUDA decoder alone
+    (``cuda``); torchvision's nvJPEG as the ``cuda`` route alone. A decoder whose warm-up
+    failed is not a route: every batch it got would fail and go to the host decoders
+    (on an H100, 2026-12-07, nvImageCodec could not create its hardware-only decoder
+    through this class, "Could not create decoder. Code: 7", and the GPU process's
+    hardware route decoded at host speed, ~100 frames a second). In its place goes the
+    decoder a worker uses, both backends in one (``hw+cuda``: nvImageCodec takes the
+    hardware engine first and its CUDA decoder for what that refuses), as route ``hw``."""
+    first = one(library, ("hw",))
+    if first is None:
+        return {}
+    if getattr(first, "library", "") != "nvimgcodec":
+        return {"cuda": first}  # torchvision's nvJPEG: the CUDA route alone
+    failed = getattr(first, "warm_error", None)
+    if failed:
+        both = one("nvimgcodec", ("hw", "cuda"))
+        log.warning(
+            "GPU process: nvImageCodec's hardware-only decoder did not start (%s); its "
+            "hardware engine and CUDA decoder decode together instead%s",
+            failed,
+            "" if both is not None and not getattr(both, "warm_error", None) else " (failed too)",
+        )
+        return {"hw": both} if both is not None else {}
+    devices = {"hw": first}
+    cuda = one("nvimgcodec", ("cuda",))
+    cuda_failed = getattr(cuda, "warm_error", None)
+    if cuda is not None and not cuda_failed:
+        devices["cuda"] = cuda
+    elif cuda_failed:
+        log.warning("GPU process: nvImageCodec's CUDA-only decoder did not start: %s", cuda_failed)
+    return devices
+
+
 class GpuSidePipeline(FramePipeline):
     """The frame pipeline of the GPU process (module docstring)."""
 
@@ -224,17 +261,9 @@ class GpuSidePipeline(FramePipeline):
                 **kw,
             )
 
-        first = one(d.device_library, ("hw",))
-        if first is None:
+        devices = device_routes(d.device_library, one)
+        if not devices:
             return None
-        devices: dict[str, BatchDecoder] = {}
-        if getattr(first, "library", "") == "nvimgcodec":
-            devices["hw"] = first
-            cuda = one("nvimgcodec", ("cuda",))
-            if cuda is not None:
-                devices["cuda"] = cuda
-        else:  # torchvision's nvJPEG: the CUDA route alone
-            devices["cuda"] = first
         host_threads = worker_count(d.workers)
         routed = RoutedDecoder(
             devices, self.host_decoder, self.executor, host_threads, d.device_streams

@@ -15,7 +15,7 @@ from edge_vision.common.buffers import Allocator
 from edge_vision.errors import ClientError
 from edge_vision.frames.decode import read_image_header
 from edge_vision.frames.decode_batch import DecodeRequest, HostBatchDecoder, Outcome, Prepared
-from edge_vision.gpu_process.decoders import RoutedDecoder
+from edge_vision.gpu_process.decoders import RoutedDecoder, device_routes
 from edge_vision.gpu_process.route import RateMeter, RouteLoad, assign, split_batch
 from edge_vision.model.shape import Letterbox
 
@@ -186,3 +186,37 @@ def test_the_routes_log_says_how_many_of_a_routes_frames_the_host_decoded(
         routed.decode_batch([request(good)] * 2)
     said = [r.getMessage() for r in caplog.records if "decode routes so far" in r.getMessage()]
     assert said and "hw 2 frames" in said[0] and "(1 of them decoded on the host)" in said[0]
+
+
+class _Made:
+    """A device decoder as make_device_decoder returns it, for device_routes: its library,
+    its backends and whether its warm-up failed (mock: no GPU here)."""
+
+    def __init__(self, library: str, backends: tuple[str, ...], warm_error: str | None) -> None:
+        self.library, self.backends, self.warm_error = library, backends, warm_error
+
+
+def _factory(fails: set[tuple[str, ...]], library: str = "nvimgcodec") -> object:
+    def one(_lib: str, backends: tuple[str, ...]) -> _Made:
+        return _Made(library, backends, "Could not create decoder" if backends in fails else None)
+
+    return one
+
+
+def test_mock_gpu_routes_are_the_hardware_engine_and_the_cuda_decoder_when_both_start() -> None:
+    routes = device_routes("auto", _factory(set()))  # type: ignore[arg-type]
+    assert {r: d.backends for r, d in routes.items()} == {"hw": ("hw",), "cuda": ("cuda",)}  # type: ignore[attr-defined]
+
+
+def test_mock_gpu_a_hardware_decoder_that_cannot_start_is_replaced_by_both_backends_in_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On the H100 the hardware-only decoder failed to start and its route decoded at host
+    speed: no frame may be routed to a decoder whose warm-up failed."""
+    with caplog.at_level(logging.WARNING):
+        routes = device_routes("auto", _factory({("hw",)}))  # type: ignore[arg-type]
+    assert {r: d.backends for r, d in routes.items()} == {"hw": ("hw", "cuda")}  # type: ignore[attr-defined]
+    assert "hardware-only decoder did not start (Could not create decoder)" in caplog.text
+    cuda_fails = device_routes("auto", _factory({("cuda",)}))  # type: ignore[arg-type]
+    assert list(cuda_fails) == ["hw"]
+    assert device_routes("auto", _factory(set(), library="torchvision")).keys() == {"cuda"}  # type: ignore[arg-type]
