@@ -229,7 +229,11 @@ def test_escape_cancels_a_drawing_from_the_keyboard_and_from_the_name_dialog(
     dialog.wait_for(state="visible", timeout=T(5) * 1000)
     page.keyboard.press("Escape")
     dialog.wait_for(state="hidden", timeout=T(5) * 1000)
-    assert button.get_attribute("aria-pressed") == "false"
+    # The dialog's close event (which ends the drawing) is a task queued after it hides.
+    page.wait_for_function(
+        "() => document.getElementById('draw-zone').getAttribute('aria-pressed') === 'false'",
+        timeout=T(5) * 1000,
+    )
     page.wait_for_function("() => document.getElementById('overlay').dataset.draft === ''")
     assert page.locator('#zones li[data-source="session"]').count() == 0
     assert "events" not in session_record(zones_server, sid)
