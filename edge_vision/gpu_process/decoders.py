@@ -204,7 +204,21 @@ def device_routes(
     through this class, "Could not create decoder. Code: 7", and the GPU process's
     hardware route decoded at host speed, ~100 frames a second). In its place goes the
     decoder a worker uses, both backends in one (``hw+cuda``: nvImageCodec takes the
-    hardware engine first and its CUDA decoder for what that refuses), as route ``hw``."""
+    hardware engine first and its CUDA decoder for what that refuses), as route ``hw``;
+    failing too, the CUDA decoder alone; failing too, no device route (the host decodes)."""
+
+    def started(backends: tuple[str, ...]) -> BatchDecoder | None:
+        made = one("nvimgcodec", backends)
+        failed = getattr(made, "warm_error", None)
+        if failed:
+            log.warning(
+                "GPU process: nvImageCodec's %s decoder did not start (%s); no frame goes to it",
+                "+".join(backends),
+                failed,
+            )
+            return None
+        return made
+
     first = one(library, ("hw",))
     if first is None:
         return {}
@@ -212,21 +226,20 @@ def device_routes(
         return {"cuda": first}  # torchvision's nvJPEG: the CUDA route alone
     failed = getattr(first, "warm_error", None)
     if failed:
-        both = one("nvimgcodec", ("hw", "cuda"))
         log.warning(
             "GPU process: nvImageCodec's hardware-only decoder did not start (%s); its "
-            "hardware engine and CUDA decoder decode together instead%s",
+            "hardware engine and CUDA decoder decode together instead",
             failed,
-            "" if both is not None and not getattr(both, "warm_error", None) else " (failed too)",
         )
-        return {"hw": both} if both is not None else {}
+        both = started(("hw", "cuda"))
+        if both is not None:
+            return {"hw": both}
+        cuda = started(("cuda",))
+        return {"cuda": cuda} if cuda is not None else {}
     devices = {"hw": first}
-    cuda = one("nvimgcodec", ("cuda",))
-    cuda_failed = getattr(cuda, "warm_error", None)
-    if cuda is not None and not cuda_failed:
+    cuda = started(("cuda",))
+    if cuda is not None:
         devices["cuda"] = cuda
-    elif cuda_failed:
-        log.warning("GPU process: nvImageCodec's CUDA-only decoder did not start: %s", cuda_failed)
     return devices
 
 

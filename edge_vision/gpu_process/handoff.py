@@ -200,8 +200,8 @@ class GpuProcessService(InferenceService):
         """The head the GPU process chose (its status names it), made here with this
         node's ``model`` settings: the worker post-processes its own frames."""
         name = next((ln.status.get("head") for ln in self.links if ln.status.get("head")), None)
-        if name is None:
-            return None
+        if name is None:  # none says one now (restarting): the last one, for frames posting
+            return self._head[1] if self._head is not None else None
         if self._head is None or self._head[0] != name:
             self._head = (str(name), choose_head(str(name), [], self.config.model))
         return self._head[1]
@@ -407,7 +407,7 @@ class HandoffPipeline(FramePipeline):
                     quads=reading is not None,
                 ),
             )
-            post_s = time.perf_counter() - started
+            post_s += time.perf_counter() - started  # the GPU process's part, then ours
         stages = Prepared(prepared.canvas, lb, prepared.decode_s + t.decode_s, t.shape_s)
         active = self.handoff.status.active or ""
         wait = t.queued_s + t.batch_wait_s

@@ -12,8 +12,9 @@ front (:class:`~edge_vision.frames.infer.InferenceService`), so the engine's bat
 frames of every camera of the node, and its post-processing. Only the detections (and,
 for a session that reads text, each box's rotated rectangle) go back, with the stage
 times and the batch's number; or, for a frame its worker post-processes (``raw``: the
-workers do, so that the post-processing of every camera of the node does not share this
-one interpreter), the engine's outputs for it.
+workers ask for it, so that the post-processing of every camera of the node does not
+share this one interpreter), the engine's outputs for it when they are the device post's
+compact kind (:data:`WORKER_POSTS_UP_TO`).
 
 A frame's end is always answered once: ``ok``, ``superseded`` (a newer frame of its
 session took its place before its decode, or before the engine ran it), ``cancelled``
@@ -94,9 +95,10 @@ def decode_capacity(config: Config) -> int:
 
 
 def post_threads(config: Config) -> int:
-    """Post threads of the GPU process: it post-processes every worker's frames, so at
-    least a worker's (one a batch in flight) and up to half the host's cores (OpenCV and
-    numpy release the GIL for most of DB's post; the rest holds the one interpreter)."""
+    """Post threads of the GPU process: they deflate the outputs of every worker's frames
+    (or post-process frames whose outputs are not the device post's), so at least a
+    worker's (one a batch in flight) and up to half the host's cores (zlib, OpenCV and
+    numpy release the GIL for most of it)."""
     per_worker = max(2, config.engine.in_flight)
     return max(per_worker, min(16, (os.cpu_count() or 2) // 2))
 
@@ -271,16 +273,13 @@ class GpuProcess:
             finally:
                 self.decoding -= 1
                 self._kick()
-            post: Any = (
-                _rows
-                if sub.raw
-                else partial(
-                    self.pipeline._post_frame,
-                    lb=prepared.letterbox,
-                    settings=settings,
-                    quads=sub.quads,
-                )
+            posted = partial(
+                self.pipeline._post_frame,
+                lb=prepared.letterbox,
+                settings=settings,
+                quads=sub.quads,
             )
+            post: Any = partial(_rows_or_posted, posted=posted) if sub.raw else posted
             try:
                 inferred = await self.service.infer_then(
                     prepared.canvas, post, owner if sub.latest else None, owner=owner
@@ -301,8 +300,8 @@ class GpuProcess:
             self._end(frame, "superseded")
             return
         value, batch = inferred
-        rows = value if sub.raw else None
-        dets, quads = (_NO_DETECTIONS, None) if sub.raw else value
+        rows = value if isinstance(value, bytes) else None
+        dets, quads = (_NO_DETECTIONS, None) if rows is not None else value
         times = wire.StageTimes(
             prepared.decode_s,
             prepared.shape_s,
@@ -471,10 +470,22 @@ def _said(status: dict[str, Any]) -> str:
 _NO_DETECTIONS = np.zeros((0, 6), np.float32)
 
 
-def _rows(outputs: list[np.ndarray]) -> bytes:
-    """A frame's rows of its batch's outputs, encoded for its worker's post-processing in
-    the post job (where post would have read them; the copy is the bytes)."""
-    return wire.encode_outputs(outputs)
+#: A frame's outputs go to its worker to post-process when they are the device post's
+#: (DB's byte map: uint8) or this small (a YOLO head's boxes after the device NMS);
+#: larger ones (a float map, YOLO's raw anchors: 0.9-2.8 MB a frame, deflating them
+#: would cost more than their post) are post-processed here.
+WORKER_POSTS_UP_TO = 64 * 1024
+
+
+def _rows_or_posted(outputs: list[np.ndarray], posted: Callable[..., Any]) -> Any:
+    """A frame's rows of its batch's outputs, encoded for its worker's post-processing
+    (in the post job, where post would have read them; the copy is the bytes), or, when
+    they are not the device post's compact kind, post-processed here."""
+    if all(o.dtype == np.uint8 for o in outputs) or sum(o.nbytes for o in outputs) <= (
+        WORKER_POSTS_UP_TO
+    ):
+        return wire.encode_outputs(outputs)
+    return posted(outputs)
 
 
 def gpu_process_main(

@@ -63,7 +63,6 @@ _CLASSES: Final = 4  # a class filter follows
 RAW: Final = 8  # answer the engine's outputs for the frame: the worker post-processes it
 _HAS_QUADS: Final = 1  # a result's flags: rectangles follow the detections
 _HAS_OUTPUTS: Final = 2  # the engine's outputs follow (encode_outputs)
-_OUTPUT = struct.Struct("<cB")  # dtype character, dimensions; then each as u32, then data
 
 Outcome = Literal["ok", "superseded", "cancelled", "error"]
 _OUTCOMES: tuple[Outcome, ...] = ("ok", "superseded", "cancelled", "error")
@@ -248,9 +247,12 @@ class Result:
         )
 
 
-#: The dtypes an engine's outputs come in (byte maps, FP32 and FP16 maps and boxes).
-_DTYPES = {"B": np.uint8, "f": np.float32, "e": np.float16, "i": np.int32, "q": np.int64}
-
+#: The kinds of dtype an engine's outputs come in: bool, signed and unsigned integers,
+#: floats (numpy's ``dtype.kind``).
+_KINDS = "biuf"
+#: An output's header: its dtype's numpy string (``<f4``, ``|u1``: 3 bytes), dimensions;
+#: then each dimension as u32, then the data.
+_OUTPUT = struct.Struct("<3sB")
 
 #: Outputs of at least this many bytes cross deflated (zlib level 1, in the GPU process's
 #: post threads, which it lets run beside the event loop): DB's byte map of a 1280x720
@@ -269,13 +271,13 @@ def encode_outputs(outputs: list[np.ndarray]) -> bytes:
     total = 1
     for o in outputs:
         a = np.asarray(o)
-        char = a.dtype.char
-        if char not in _DTYPES or a.ndim > 8:
+        little = a.dtype.newbyteorder("<")
+        if a.dtype.kind not in _KINDS or len(little.str) != 3 or a.ndim > 8:
             raise ValueError(f"an engine output of dtype {a.dtype} and {a.ndim} dimensions")
-        a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+        a = np.require(a, dtype=little, requirements="C")
         pieces += [
-            _OUTPUT.pack(char.encode(), a.ndim) + struct.pack(f"<{a.ndim}I", *a.shape),
-            a.data.cast("B") if a.size else b"",
+            _OUTPUT.pack(little.str.encode(), a.ndim) + struct.pack(f"<{a.ndim}I", *a.shape),
+            a.reshape(-1).data.cast("B") if a.size else b"",
         ]
         total += _OUTPUT.size + 4 * a.ndim + a.nbytes
     if total < DEFLATE_FROM:
@@ -294,11 +296,13 @@ def decode_outputs(body: bytes, at: int = 0) -> list[np.ndarray]:
     at += 1
     outputs = []
     for _ in range(count):
-        char, ndim = _OUTPUT.unpack_from(body, at)
+        code, ndim = _OUTPUT.unpack_from(body, at)
         at += _OUTPUT.size
         shape = struct.unpack_from(f"<{ndim}I", body, at)
         at += 4 * ndim
-        dtype = np.dtype(_DTYPES[char.decode()]).newbyteorder("<")
+        dtype = np.dtype(code.decode())
+        if dtype.kind not in _KINDS:
+            raise ValueError(f"an output of dtype {dtype}")
         n = int(np.prod(shape, dtype=np.int64))
         outputs.append(np.frombuffer(body, dtype, n, at).reshape(shape))
         at += n * dtype.itemsize

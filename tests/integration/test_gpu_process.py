@@ -42,6 +42,9 @@ from ..support.timing import T
 pytestmark = pytest.mark.timeout(120)
 
 JPEG = text_scene(320, 192).jpeg()
+#: Probability 0.9 in DB's byte map (model/device_post.py: above the 0.3 threshold, 128 +
+#: its place in the upper half).
+BYTE_0_9 = 128 + round((0.9 - 0.3) * 127 / 0.7)
 SETTINGS = FrameSettings(confidence=0.3)
 
 
@@ -56,6 +59,7 @@ class HeldEngine(Engine):
         self.batches: list[int] = []
         self.held = 0  # batches waiting at the gate
         self.box: tuple[int, int, int, int] | None = None
+        self.byte_map = False  # DB's byte map, as a GPU engine's device post answers
         self.gate = asyncio.Event()
         self.gate.set()
 
@@ -68,10 +72,10 @@ class HeldEngine(Engine):
         self.held -= 1
         self.batches.append(len(frames))
         h, w = frames[0].shape[:2]
-        out = np.zeros((len(frames), 1, h, w), np.float32)
+        out = np.zeros((len(frames), 1, h, w), np.uint8 if self.byte_map else np.float32)
         if self.box is not None:  # one "text line" a frame where the test asks
             y0, y1, x0, x1 = self.box
-            out[:, :, y0:y1, x0:x1] = 0.9
+            out[:, :, y0:y1, x0:x1] = BYTE_0_9 if self.byte_map else 0.9
         return [out]
 
     async def close(self) -> None:
@@ -233,14 +237,17 @@ async def test_cpu_stand_in_runs_frames_of_every_worker_in_one_engine_batch(
     assert sizes == [1.0] + [6.0] * 6
 
 
+@pytest.mark.parametrize("byte_map", [True, False], ids=["device_post_byte_map", "float_map"])
 async def test_cpu_stand_in_workers_post_process_their_own_frames(
-    tmp_path: Path, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch, byte_map: bool
 ) -> None:
-    """The GPU process answers the engine's outputs and each worker finds the boxes in
-    them on its own threads (one interpreter a GPU cannot post every camera of a node):
-    the same boxes the GPU process's own post-processing finds, none posted there."""
+    """The GPU process answers the engine's outputs when they are the device post's (DB's
+    byte map) and each worker finds the boxes in them on its own threads (one interpreter
+    a GPU cannot post every camera of a node); outputs too large to ship (a float map)
+    are post-processed in the GPU process. The same boxes either way."""
     async with gpu_node(tmp_path, spec) as node:
         node.engine.box = (60, 90, 40, 200)
+        node.engine.byte_map = byte_map
         (_, w0), (_, w1) = await node.worker(), await node.worker()
         posted_there: list[int] = []
         own_post = node.process.pipeline._post_frame
@@ -252,11 +259,11 @@ async def test_cpu_stand_in_workers_post_process_their_own_frames(
         monkeypatch.setattr(node.process.pipeline, "_post_frame", counted)
         handed = [hand_over(w, i, f"c{i}") for i in range(3) for w in (w0, w1)]
         results = await asyncio.gather(*handed)
-        assert not posted_there
+        assert len(posted_there) == (0 if byte_map else len(handed))
         lb = w0.request_for(message(0), None).letterbox
         h, w = lb.out_h, lb.out_w
-        outputs = [np.zeros((1, h, w), np.float32)]
-        outputs[0][:, 60:90, 40:200] = 0.9
+        outputs = [np.zeros((1, h, w), np.uint8 if byte_map else np.float32)]
+        outputs[0][:, 60:90, 40:200] = BYTE_0_9 if byte_map else 0.9
         want = own_post(outputs, lb=lb, settings=SETTINGS, quads=False)[0]
     assert len(want) == 1  # the line is found, and every worker found the same box
     for r in results:

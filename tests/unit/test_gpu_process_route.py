@@ -219,4 +219,8 @@ def test_mock_gpu_a_hardware_decoder_that_cannot_start_is_replaced_by_both_backe
     assert "hardware-only decoder did not start (Could not create decoder)" in caplog.text
     cuda_fails = device_routes("auto", _factory({("cuda",)}))  # type: ignore[arg-type]
     assert list(cuda_fails) == ["hw"]
+    both_fail = device_routes("auto", _factory({("hw",), ("hw", "cuda")}))  # type: ignore[arg-type]
+    assert {r: d.backends for r, d in both_fail.items()} == {"cuda": ("cuda",)}  # type: ignore[attr-defined]
+    every = {("hw",), ("hw", "cuda"), ("cuda",)}
+    assert device_routes("auto", _factory(every)) == {}  # type: ignore[arg-type]
     assert device_routes("auto", _factory(set(), library="torchvision")).keys() == {"cuda"}  # type: ignore[arg-type]
