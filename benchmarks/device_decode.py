@@ -133,7 +133,7 @@ def measure_library(
         for b in batches:
             held = decoded(pick(0, b))
             failed = [h for h in held if isinstance(h, Exception)]
-            if failed:  # the decoder refused them (2026-12-07: a hardware-only one)
+            if failed:  # the decoder refused them (one that did not start, for one)
                 raise RuntimeError(f"{len(failed)} of {b} frames not decoded: {failed[0]}")
 
             def letterbox_only(_i: int, held: list[Any] = held) -> None:

@@ -200,12 +200,11 @@ def device_routes(
     nvImageCodec's hardware JPEG engine alone (``hw``) and its CUDA decoder alone
     (``cuda``); torchvision's nvJPEG as the ``cuda`` route alone. A decoder whose warm-up
     failed is not a route: every batch it got would fail and go to the host decoders
-    (on an H100, 2026-12-07, nvImageCodec could not create its hardware-only decoder
-    through this class, "Could not create decoder. Code: 7", and the GPU process's
-    hardware route decoded at host speed, ~100 frames a second). In its place goes the
-    decoder a worker uses, both backends in one (``hw+cuda``: nvImageCodec takes the
-    hardware engine first and its CUDA decoder for what that refuses), as route ``hw``;
-    failing too, the CUDA decoder alone; failing too, no device route (the host decodes)."""
+    (docs/benchmarks.md, "the GPU process's hardware decoder never started"). In its
+    place goes the decoder a worker uses, both backends in one (``hw+cuda``: nvImageCodec
+    takes the hardware engine first and its CUDA decoder for what that refuses), as route
+    ``hw``; failing too, the CUDA decoder alone; failing too, no device route (the host
+    decodes)."""
 
     def started(backends: tuple[str, ...]) -> BatchDecoder | None:
         made = one("nvimgcodec", backends)
