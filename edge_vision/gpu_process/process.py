@@ -328,7 +328,8 @@ class GpuProcess:
         worker: _Worker | None = None
         try:
             hello, segment = await _receive_hello(conn)
-            # A frame's outputs (DB's byte map: 225 KB) go whole into the socket at once.
+            # Answers with outputs (a deflated byte map: 2-33 KB) leave in bursts of a
+            # batch: room for them in the socket, so the loop rarely buffers and retries.
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
             reader, writer = await asyncio.open_unix_connection(sock=conn)
             worker = _Worker(hello.worker, hello.pid, RingReader(segment), writer)
