@@ -19,10 +19,11 @@ the same two pipeline steps; only the pipeline and the service behind them diffe
   ``server.memory_wait_s`` (``over_memory_budget``, as the memory budget does). While no
   GPU process is ready (one is being restarted) a frame waits for it up to
   :data:`RESTART_WAIT_S`; the frames that were in it when it was lost are answered
-  ``engine_unavailable`` at once (:mod:`.link`). The GPU process answers the engine's
-  outputs for the frame and the worker post-processes them on its own threads, with the
-  head the GPU process chose: one interpreter a GPU cannot also post-process every camera
-  of the node (docs/benchmarks.md, "post on the workers").
+  ``engine_unavailable`` at once (:mod:`.link`). Where the engine's outputs for the frame
+  are the device post's compact kind, the GPU process answers them and the worker
+  post-processes them on its own threads, with the head the GPU process chose: one
+  interpreter a GPU cannot also post-process every camera of the node (docs/benchmarks.md,
+  "post on the workers"); other outputs come back as boxes.
 * :class:`GpuProcessService` stands where the inference service stands for the server:
   ready while a GPU process is, its engine's state (and each GPU process's, under
   ``details.gpu_process``) in /readyz and hello, ``engine_unavailable`` while none is.
