@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         variants.append(("torch cpu letterbox (libjpeg-turbo decode)", "torchvision", 1, ()))
     for name, lib, n, backends in variants:
+        print(f"-- {name}", flush=True)  # before anything of it can fail
         try:
             dec = CudaBatchDecoder(
                 host,

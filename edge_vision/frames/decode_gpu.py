@@ -88,7 +88,7 @@ class NvImgCodecJpeg:
         self._cpu_threads = cpu_threads
         # "hw": the hardware JPEG engine, "cuda": the CUDA decoder; the GPU process keeps one
         # decoder of each, to route frames to whichever has room (gpu_process/route.py).
-        self._backends = tuple(backends)
+        self.backends = tuple(backends)
         nv = self._nv
         self._params = nv.DecodeParams(
             apply_exif_orientation=False,  # as the host decoders and torchvision: raw pixels
@@ -103,7 +103,7 @@ class NvImgCodecJpeg:
             if dec is None:
                 nv = self._nv
                 kind_of = {"hw": nv.BackendKind.HW_GPU_ONLY, "cuda": nv.BackendKind.GPU_ONLY}
-                backends = [nv.Backend(kind_of[b]) for b in self._backends]
+                backends = [nv.Backend(kind_of[b]) for b in self.backends]
                 dec = nv.Decoder(
                     device_id=self.device.index or 0,
                     max_num_cpu_threads=self._cpu_threads,
@@ -232,7 +232,11 @@ class CudaBatchDecoder:
                 del warmed
         except Exception as e:  # noqa: BLE001 - a slow first frame, not a failed start
             self.warm_error = str(e)
-            log.warning("nvImageCodec warm-up failed (%s); its first frames will be slower", e)
+            log.warning(
+                "nvImageCodec warm-up failed (%s decoder: %s); its first frames will be slower",
+                "+".join(codec.backends),
+                e,
+            )
         finally:
             for stream in held:
                 self._streams.put(stream)

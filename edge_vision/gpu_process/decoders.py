@@ -200,10 +200,10 @@ def device_routes(
     nvImageCodec's hardware JPEG engine alone (``hw``) and its CUDA decoder alone
     (``cuda``); torchvision's nvJPEG as the ``cuda`` route alone. A decoder whose warm-up
     failed is not a route: every batch it got would fail and go to the host decoders
-    (docs/benchmarks.md, "the GPU process's hardware decoder never started"). In its
-    place goes the decoder a worker uses, both backends in one (``hw+cuda``: nvImageCodec
-    takes the hardware engine first and its CUDA decoder for what that refuses), as route
-    ``hw``; failing too, the CUDA decoder alone; failing too, no device route (the host
+    (the CUDA-only decoder never started on an H100: docs/benchmarks.md, "a decoder of
+    the GPU process that never started"). A hardware-only decoder that fails gives way to
+    the decoder a worker uses, both backends in one (``hw+cuda``), as route ``hw``;
+    failing too, the CUDA decoder alone; failing too, no device route (the host
     decodes)."""
 
     def started(backends: tuple[str, ...]) -> BatchDecoder | None:
@@ -227,7 +227,7 @@ def device_routes(
     if failed:
         log.warning(
             "GPU process: nvImageCodec's hardware-only decoder did not start (%s); its "
-            "hardware engine and CUDA decoder decode together instead",
+            "hardware engine and CUDA decoder in one decoder instead",
             failed,
         )
         both = started(("hw", "cuda"))
