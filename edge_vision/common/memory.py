@@ -122,6 +122,21 @@ def freeze_startup_heap() -> tuple[int, float]:
     return gc.get_freeze_count(), ms
 
 
+def tune_serving_process(mmap_threshold: int | None) -> None:
+    """What holds for a whole serving process (a worker, a GPU process): glibc's mmap
+    threshold (``server.mmap_threshold_bytes``; None leaves glibc's own)."""
+    if mmap_threshold is not None and not fix_mmap_threshold(mmap_threshold):
+        log.info("server.mmap_threshold_bytes: mallopt is not available here")
+
+
+def settle_startup_heap() -> None:
+    """Once a process's engine is warm, before it serves: :func:`freeze_startup_heap`,
+    said in the log, so the collector's full passes no longer walk torch, the engine and
+    the imports while holding the interpreter every frame of the process needs."""
+    frozen, ms = freeze_startup_heap()
+    log.info("%d start-up objects frozen for the collector (its pass took %.0f ms)", frozen, ms)
+
+
 def release_to_system(trim_heap: bool = True) -> None:
     """Collect reference cycles, then (``trim_heap``) trim the heap. The collection
     matters: a closed connection's WebSocket reader and its partial-message buffer sit

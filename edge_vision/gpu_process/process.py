@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from ..common.aio import cancel_and_wait, wait_event
-from ..common.memory import fix_mmap_threshold, freeze_startup_heap
+from ..common.memory import settle_startup_heap, tune_serving_process
 from ..common.messages import FrameMessage
 from ..common.settings import FrameSettings
 from ..config import Config
@@ -507,23 +507,14 @@ def gpu_process_main(
     )
     config = Config.model_validate_json(config_json)
     logging.getLogger("edge_vision").setLevel(config.logging.level.upper())
-    mmap_threshold = config.server.mmap_threshold_bytes  # as a worker's (serve/workers.py)
-    if mmap_threshold is not None and not fix_mmap_threshold(mmap_threshold):
-        log.info("server.mmap_threshold_bytes: mallopt is not available here")
+    tune_serving_process(config.server.mmap_threshold_bytes)  # as a worker does
     process = GpuProcess(config, stand_in=stand_in, gpu=gpu)
-
-    def settle_heap() -> None:
-        """torch, the engine and its graphs frozen for the collector once warm, as in a
-        worker: its full passes would otherwise walk them, holding the one interpreter
-        every worker's frames go through."""
-        frozen, ms = freeze_startup_heap()
-        log.info("%d start-up objects frozen for the collector (its pass took %.0f ms)", frozen, ms)
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)  # the node stops its workers first
-        await process.run(path, beat, stop, on_ready=settle_heap)
+        await process.run(path, beat, stop, on_ready=settle_startup_heap)
 
     asyncio.run(main())

@@ -42,8 +42,8 @@ from aiohttp import web
 
 from ..common import systemd
 from ..common.aio import cancel_and_wait, with_timeout
-from ..common.memory import fix_mmap_threshold, freeze_startup_heap
-from ..config import Config, ServerConfig
+from ..common.memory import settle_startup_heap, tune_serving_process
+from ..config import Config
 from ..engines.choice import describe_choice, resolve_engine
 from ..errors import ConfigError, ListenFailed
 from .app_keys import CONNECTIONS, METRICS, SERVICE, STARTUP, STATE
@@ -361,11 +361,11 @@ def _serve(
     gpu: GpuNode | None = None,
 ) -> None:
 
-    _tune_process(config.server)
+    tune_serving_process(config.server.mmap_threshold_bytes)
     app = create_app(config, gpu_process=gpu)
     if workers_warm is not None:
         app[STATE].workers_warm = workers_warm
-    app[STATE].on_engine_started = _settle_heap
+    app[STATE].on_engine_started = settle_startup_heap
     reporter.attach(app, on_warm)
     if on_stop is not None:
 
@@ -380,23 +380,6 @@ def _serve(
         handed_over=handed_over,
         shutdown_timeout=config.server.shutdown_grace_s + 2,
     )
-
-
-def _settle_heap() -> None:
-    """Once this process's engine is warm, before it takes a session: freeze the start-up
-    heap (memory.py), so the collector's full passes no longer stall every session of the
-    process."""
-    frozen, ms = freeze_startup_heap()
-    log.info("%d start-up objects frozen for the collector (its pass took %.0f ms)", frozen, ms)
-
-
-def _tune_process(server: ServerConfig) -> None:
-    """The settings that hold for a whole serving process: glibc's mmap threshold. (OpenCV's
-    own threads follow where frames are letterboxed: the
-    pipeline sets them, threads.opencv_threads.)"""
-    mmap_threshold = server.mmap_threshold_bytes
-    if mmap_threshold is not None and not fix_mmap_threshold(mmap_threshold):
-        log.info("server.mmap_threshold_bytes: mallopt is not available here")
 
 
 def _worker_main(
