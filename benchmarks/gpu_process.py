@@ -57,6 +57,7 @@ class InstantEngine(Engine):
 
     kind = "torch"
     maps: ClassVar[list[np.ndarray]] = []
+    served = 0  # frames answered: where in ``maps`` the next one starts
 
     async def start(self) -> None:
         pass
@@ -69,8 +70,8 @@ class InstantEngine(Engine):
         h, w = frames[0].shape[:2]
         if not self.maps or self.maps[0].shape[-2:] != (h, w):
             return [np.zeros((len(frames), 1, h, w), np.uint8)]
-        self._next = (getattr(self, "_next", 0) + len(frames)) % len(self.maps)
-        pick = [self.maps[(self._next + i) % len(self.maps)] for i in range(len(frames))]
+        pick = [self.maps[(self.served + i) % len(self.maps)] for i in range(len(frames))]
+        self.served += len(frames)
         return [np.concatenate(pick)]
 
     async def close(self) -> None:
